@@ -1,0 +1,211 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SQLSTATE codes this package reacts to.
+const (
+	sqlstateDuplicateObject = "42710" // CREATE of a publication or slot that exists
+	sqlstateObjectInUse     = "55006" // dropping a slot a client is streaming from
+	sqlstateUndefinedObject = "42704" // dropping a slot that was dropped meanwhile
+)
+
+func isSQLState(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// slotInfo is one row of pg_replication_slots; nullable columns are pointers.
+type slotInfo struct {
+	Name              string
+	Plugin            *string
+	SlotType          string
+	Database          *string
+	Temporary         bool
+	Active            bool
+	ActivePID         *int32
+	RestartLSN        *string
+	ConfirmedFlushLSN *string
+	WALStatus         *string
+	SafeWALSize       *int64
+}
+
+// lookupSlot returns the slot named name, or nil when there is none.
+func lookupSlot(ctx context.Context, conn *pgx.Conn, name string) (*slotInfo, error) {
+	var s slotInfo
+	err := conn.QueryRow(ctx, `
+SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,
+       restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size
+FROM pg_catalog.pg_replication_slots
+WHERE slot_name = $1`, name).Scan(
+		&s.Name, &s.Plugin, &s.SlotType, &s.Database, &s.Temporary, &s.Active, &s.ActivePID,
+		&s.RestartLSN, &s.ConfirmedFlushLSN, &s.WALStatus, &s.SafeWALSize)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("slot: read replication slot %q from pg_replication_slots: %w", name, err)
+	}
+	return &s, nil
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+// parseLSN parses a pg_lsn in text form; NULL is 0.
+func parseLSN(s *string) (pglogrepl.LSN, error) {
+	if s == nil {
+		return 0, nil
+	}
+	lsn, err := pglogrepl.ParseLSN(*s)
+	if err != nil {
+		return 0, fmt.Errorf("slot: parse LSN %q: %w", *s, err)
+	}
+	return lsn, nil
+}
+
+// checkUsable reports why s cannot serve outboxd connected to database db,
+// or nil when it can. It does not look at Active: an active slot is usable,
+// by one client at a time.
+func checkUsable(s *slotInfo, db string) error {
+	switch {
+	case s.SlotType != "logical":
+		return notLogicalError(s.Name, s.SlotType)
+	case deref(s.Plugin) != "pgoutput":
+		return newError(ErrSlotPlugin, fmt.Sprintf(
+			"replication slot %q uses plugin %q, outboxd needs \"pgoutput\": drop it with \"outboxd slot drop\" or choose another --slot",
+			s.Name, deref(s.Plugin)))
+	case deref(s.Database) != db:
+		return newError(ErrSlotPlugin, fmt.Sprintf(
+			"replication slot %q belongs to database %q, outboxd is connected to %q: choose another --slot (slot names are cluster-wide) or connect to %q",
+			s.Name, deref(s.Database), db, deref(s.Database)))
+	case s.Temporary:
+		e := newError(ErrSlotPlugin, fmt.Sprintf(
+			"replication slot %q is a temporary slot of another session (PID %d), outboxd needs a persistent one: choose another --slot",
+			s.Name, deref(s.ActivePID)))
+		e.PID = deref(s.ActivePID)
+		return e
+	case deref(s.WALStatus) == "lost":
+		return newError(ErrSlotLost, fmt.Sprintf(
+			"replication slot %q has lost WAL it needed (wal_status \"lost\", see max_slot_wal_keep_size) and can no longer stream: drop it with \"outboxd slot drop\", run \"outboxd slot create\", and re-publish outbox rows written since the slot's confirmed_flush_lsn %s",
+			s.Name, deref(s.ConfirmedFlushLSN)))
+	}
+	return nil
+}
+
+func notLogicalError(slot, slotType string) error {
+	return newError(ErrSlotPlugin, fmt.Sprintf(
+		"replication slot %q is a %s slot, outboxd needs a logical \"pgoutput\" slot: drop it with \"outboxd slot drop\" or choose another --slot",
+		slot, slotType))
+}
+
+func slotMissingError(slot string) error {
+	return newError(ErrSlotMissing, fmt.Sprintf(
+		"replication slot %q does not exist: run \"outboxd slot create\" or start without --no-create", slot))
+}
+
+func currentDatabase(ctx context.Context, conn *pgx.Conn) (string, error) {
+	var db string
+	if err := conn.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return "", fmt.Errorf("slot: read current_database(): %w", err)
+	}
+	return db, nil
+}
+
+// relation kinds of pg_class.relkind.
+const (
+	relkindTable       = 'r'
+	relkindPartitioned = 'p'
+)
+
+var relkindNames = map[byte]string{
+	'i': "an index", 'S': "a sequence", 't': "a TOAST table", 'v': "a view",
+	'm': "a materialized view", 'c': "a composite type", 'f': "a foreign table",
+	'I': "a partitioned index",
+}
+
+// outboxTable is the outbox table as the catalog describes it.
+type outboxTable struct {
+	OID     uint32
+	Kind    byte
+	Columns map[string]bool
+}
+
+// lookupTable finds the outbox table and its columns, or returns an
+// ErrTableMissing error when there is no such table.
+func lookupTable(ctx context.Context, conn *pgx.Conn, cfg Config) (*outboxTable, error) {
+	var t outboxTable
+	var kind string
+	err := conn.QueryRow(ctx, `
+SELECT c.oid, c.relkind::text
+FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`, cfg.Schema, cfg.Table).Scan(&t.OID, &kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, newError(ErrTableMissing, fmt.Sprintf(
+			"outbox table %s does not exist: run \"outboxd migrate\" or create it", cfg.qualifiedTable()))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("slot: look up outbox table %s: %w", cfg.qualifiedTable(), err)
+	}
+	t.Kind = kind[0]
+	if t.Kind != relkindTable && t.Kind != relkindPartitioned {
+		what := relkindNames[t.Kind]
+		if what == "" {
+			what = fmt.Sprintf("a relation of kind %q", kind)
+		}
+		return nil, newError(ErrTableMissing, fmt.Sprintf(
+			"outbox table %s is %s, not a table: outboxd publishes inserts into a table; run \"outboxd migrate\" with another --table or create one",
+			cfg.qualifiedTable(), what))
+	}
+	rows, err := conn.Query(ctx, `
+SELECT attname::text FROM pg_catalog.pg_attribute
+WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OID)
+	if err != nil {
+		return nil, fmt.Errorf("slot: read columns of %s: %w", cfg.qualifiedTable(), err)
+	}
+	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("slot: read columns of %s: %w", cfg.qualifiedTable(), err)
+	}
+	t.Columns = make(map[string]bool, len(cols))
+	for _, c := range cols {
+		t.Columns[c] = true
+	}
+	return &t, nil
+}
+
+// Columns outboxd reads from the outbox table, in table order.
+const (
+	columnID          = "id"
+	columnAggregateID = "aggregate_id"
+	columnTopic       = "topic"
+	columnPayload     = "payload"
+)
+
+// requiredColumns returns the columns that must exist.
+func requiredColumns(requireTopic bool) []string {
+	if requireTopic {
+		return []string{columnID, columnAggregateID, columnTopic, columnPayload}
+	}
+	return []string{columnID, columnAggregateID, columnPayload}
+}
+
+func columnMissingError(cfg Config, column string) error {
+	msg := fmt.Sprintf("outbox table %s has no column %q: add it (see migrations/001_outbox.sql)", cfg.qualifiedTable(), column)
+	if column == columnTopic {
+		msg += " or configure a default topic"
+	}
+	return newError(ErrColumnMissing, msg)
+}

@@ -1,0 +1,73 @@
+package slot
+
+import (
+	"fmt"
+	"regexp"
+)
+
+// Config names the PostgreSQL objects outboxd uses. All names are plain,
+// unquoted identifiers (lower case), so they read the same in SQL, in
+// PostgreSQL's catalogs and in error messages.
+type Config struct {
+	// Slot is the persistent logical replication slot (plugin pgoutput).
+	// Slot names are cluster-wide: two outboxd deployments on one cluster
+	// need different ones. PostgreSQL allows only [a-z0-9_] in slot names.
+	Slot string
+	// Publication is the publication pgoutput filters changes through. It
+	// belongs to the database outboxd connects to.
+	Publication string
+	// Schema and Table name the outbox table.
+	Schema string
+	Table  string
+}
+
+// DefaultConfig returns the configuration outboxd uses unless told otherwise:
+// slot and publication "outboxd", table public.outbox.
+func DefaultConfig() Config {
+	return Config{
+		Slot:        "outboxd",
+		Publication: "outboxd",
+		Schema:      "public",
+		Table:       "outbox",
+	}
+}
+
+// maxIdentifierLen is NAMEDATALEN-1 of a stock PostgreSQL build: longer names
+// are truncated by the server, which would make the catalog lookups miss.
+const maxIdentifierLen = 63
+
+var (
+	plainIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_$]*$`)
+	slotName        = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+)
+
+// Validate reports the first field that is empty or not a valid unquoted
+// PostgreSQL identifier: [a-z_][a-z0-9_$]*, at most 63 bytes ('$' is not
+// allowed in Slot, which PostgreSQL limits to [a-z0-9_]). The error wraps
+// ErrInvalidConfig.
+func (c Config) Validate() error {
+	d := DefaultConfig()
+	for _, f := range []struct {
+		field, value, def string
+		re                *regexp.Regexp
+		want              string
+	}{
+		{"Slot", c.Slot, d.Slot, slotName, "[a-z_][a-z0-9_]*"},
+		{"Publication", c.Publication, d.Publication, plainIdentifier, "[a-z_][a-z0-9_$]*"},
+		{"Schema", c.Schema, d.Schema, plainIdentifier, "[a-z_][a-z0-9_$]*"},
+		{"Table", c.Table, d.Table, plainIdentifier, "[a-z_][a-z0-9_$]*"},
+	} {
+		switch {
+		case f.value == "":
+			return newError(ErrInvalidConfig, fmt.Sprintf("invalid slot configuration: %s is empty: set it, or start from DefaultConfig() (%s %q)", f.field, f.field, f.def))
+		case len(f.value) > maxIdentifierLen:
+			return newError(ErrInvalidConfig, fmt.Sprintf("invalid slot configuration: %s %q is %d bytes long, PostgreSQL allows at most %d: choose a shorter name", f.field, f.value, len(f.value), maxIdentifierLen))
+		case !f.re.MatchString(f.value):
+			return newError(ErrInvalidConfig, fmt.Sprintf("invalid slot configuration: %s %q is not a plain PostgreSQL identifier: use lower-case letters, digits and underscores (%s)", f.field, f.value, f.want))
+		}
+	}
+	return nil
+}
+
+// qualifiedTable is schema.table as messages show it.
+func (c Config) qualifiedTable() string { return c.Schema + "." + c.Table }

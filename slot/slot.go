@@ -1,0 +1,280 @@
+package slot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// publication is one row of pg_publication, plus the outbox table's entry in
+// pg_publication_tables.
+type publication struct {
+	Insert   bool
+	ViaRoot  bool
+	HasTable bool
+	// Columns published of the outbox table; nil when the server predates
+	// column lists (PostgreSQL 14) and so publishes all of them.
+	Columns []string
+}
+
+// lookupPublication returns the publication named cfg.Publication and whether
+// it includes the outbox table, or nil when there is none.
+func lookupPublication(ctx context.Context, conn *pgx.Conn, cfg Config) (*publication, error) {
+	var p publication
+	err := conn.QueryRow(ctx, `SELECT pubinsert, pubviaroot FROM pg_catalog.pg_publication WHERE pubname = $1`,
+		cfg.Publication).Scan(&p.Insert, &p.ViaRoot)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("slot: read publication %q from pg_publication: %w", cfg.Publication, err)
+	}
+	var version int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return nil, fmt.Errorf("slot: read server_version_num: %w", err)
+	}
+	// pg_publication_tables expands FOR ALL TABLES and FOR TABLES IN SCHEMA;
+	// it lists a partitioned table itself only with publish_via_partition_root.
+	attnames := `NULL::text[]`
+	if version >= 150000 {
+		attnames = `attnames::text[]`
+	}
+	err = conn.QueryRow(ctx, `SELECT `+attnames+` FROM pg_catalog.pg_publication_tables
+WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
+		cfg.Publication, cfg.Schema, cfg.Table).Scan(&p.Columns)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return nil, fmt.Errorf("slot: read tables of publication %q from pg_publication_tables: %w", cfg.Publication, err)
+	default:
+		p.HasTable = true
+	}
+	return &p, nil
+}
+
+// checkPublication reports why p does not deliver the outbox table's inserts.
+func checkPublication(p *publication, cfg Config, table *outboxTable) error {
+	pub, tbl := sqlIdent(cfg.Publication), cfg.qualifiedTable()
+	if !p.Insert {
+		return newError(ErrPublicationMismatch, fmt.Sprintf(
+			"publication %q does not publish inserts: ALTER PUBLICATION %s SET (publish = 'insert')", cfg.Publication, pub))
+	}
+	if table.Kind == relkindPartitioned && !p.ViaRoot {
+		return newError(ErrPublicationMismatch, fmt.Sprintf(
+			"publication %q publishes the partitions of %s under their own names: ALTER PUBLICATION %s SET (publish_via_partition_root = true)",
+			cfg.Publication, tbl, pub))
+	}
+	if !p.HasTable {
+		return newError(ErrPublicationMismatch, fmt.Sprintf(
+			"publication %q does not include table %s: ALTER PUBLICATION %s ADD TABLE %s", cfg.Publication, tbl, pub, tbl))
+	}
+	if p.Columns != nil {
+		published := make(map[string]bool, len(p.Columns))
+		for _, c := range p.Columns {
+			published[c] = true
+		}
+		for _, c := range requiredColumns(true) {
+			if table.Columns[c] && !published[c] {
+				return newError(ErrPublicationMismatch, fmt.Sprintf(
+					"publication %q does not publish column %q of %s: ALTER PUBLICATION %s SET TABLE %s (without a column list)",
+					cfg.Publication, c, tbl, pub, tbl))
+			}
+		}
+	}
+	return nil
+}
+
+// Ensure makes sure the publication and the slot of cfg exist and fit, and
+// returns a description of each object it created, for logging (empty when
+// both existed).
+//
+// It creates, when missing and create is true, first the publication
+//
+//	CREATE PUBLICATION <publication> FOR TABLE <schema>.<table> WITH (publish = 'insert')
+//
+// (adding publish_via_partition_root = true for a partitioned table), then a
+// persistent slot with pg_create_logical_replication_slot(<slot>, 'pgoutput').
+// The order matters: pgoutput resolves the publication in the catalog as of
+// the change it decodes, and fails on changes older than the publication. For
+// that reason, when the slot exists but the publication does not, Ensure
+// creates nothing and returns [ErrPublicationMissing] advising to re-create the
+// slot. Creating the slot waits for transactions running at that moment to end.
+//
+// With create false, a missing publication or slot is an [ErrPublicationMissing]
+// or [ErrSlotMissing] error (one error wrapping both when both are missing)
+// saying how to create them.
+//
+// Whatever create is, an existing publication must publish inserts into the
+// outbox table, with the columns outboxd reads ([ErrPublicationMismatch]), and
+// an existing slot must be usable as Preflight checks ([ErrSlotPlugin],
+// [ErrSlotLost]). A missing outbox table is [ErrTableMissing]. Before creating
+// the slot Ensure checks wal_level and the role ([ErrWALLevel],
+// [ErrNoReplicationRole]).
+//
+// Ensure is safe to run concurrently with itself: when another run creates an
+// object first, Ensure checks that object instead.
+func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (created []string, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	table, err := lookupTable(ctx, conn, cfg)
+	if err != nil {
+		return nil, err
+	}
+	db, err := currentDatabase(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	s, err := lookupSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		return nil, err
+	}
+	if s != nil {
+		if err := checkUsable(s, db); err != nil {
+			return nil, err
+		}
+	}
+	p, err := lookupPublication(ctx, conn, cfg)
+	if err != nil {
+		return nil, err
+	}
+
+	switch {
+	case p == nil && s != nil:
+		return nil, newError(ErrPublicationMissing, fmt.Sprintf(
+			"publication %q does not exist but replication slot %q does, and pgoutput cannot decode changes made before its publication existed: drop the slot with \"outboxd slot drop\" and run \"outboxd slot create\" (outbox rows written meanwhile are not published)",
+			cfg.Publication, cfg.Slot))
+	case p == nil && !create:
+		return nil, &Error{
+			Err: errors.Join(ErrSlotMissing, ErrPublicationMissing),
+			Msg: fmt.Sprintf("replication slot %q and publication %q do not exist: run \"outboxd slot create\" or start without --no-create",
+				cfg.Slot, cfg.Publication),
+		}
+	case p == nil:
+		if err := createPublication(ctx, conn, cfg, table); err != nil {
+			if !isSQLState(err, sqlstateDuplicateObject) {
+				return nil, err
+			}
+			// Created concurrently: check that one.
+			if p, err = lookupPublication(ctx, conn, cfg); err != nil {
+				return nil, err
+			}
+			if p == nil {
+				return nil, fmt.Errorf("slot: publication %q was reported to exist but is not in pg_publication", cfg.Publication)
+			}
+			if err := checkPublication(p, cfg, table); err != nil {
+				return nil, err
+			}
+		} else {
+			created = append(created, fmt.Sprintf("publication %q for table %s", cfg.Publication, cfg.qualifiedTable()))
+		}
+	default:
+		if err := checkPublication(p, cfg, table); err != nil {
+			return nil, err
+		}
+	}
+
+	if s != nil {
+		return created, nil
+	}
+	if !create {
+		return created, slotMissingError(cfg.Slot)
+	}
+	if err := checkWALLevel(ctx, conn); err != nil {
+		return created, err
+	}
+	if err := checkRole(ctx, conn); err != nil {
+		return created, err
+	}
+	var lsn string
+	err = conn.QueryRow(ctx, `SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput', false)`,
+		cfg.Slot).Scan(&lsn)
+	if err != nil {
+		if !isSQLState(err, sqlstateDuplicateObject) {
+			return created, fmt.Errorf("slot: create replication slot %q: %w", cfg.Slot, err)
+		}
+		// Created concurrently: check that one.
+		if s, err = lookupSlot(ctx, conn, cfg.Slot); err != nil {
+			return created, err
+		}
+		if s == nil {
+			return created, fmt.Errorf("slot: replication slot %q was reported to exist but is not in pg_replication_slots", cfg.Slot)
+		}
+		return created, checkUsable(s, db)
+	}
+	return append(created, fmt.Sprintf("replication slot %q (pgoutput) at LSN %s", cfg.Slot, lsn)), nil
+}
+
+func createPublication(ctx context.Context, conn *pgx.Conn, cfg Config, table *outboxTable) error {
+	var sql strings.Builder
+	sql.WriteString("CREATE PUBLICATION ")
+	sql.WriteString(pgx.Identifier{cfg.Publication}.Sanitize())
+	sql.WriteString(" FOR TABLE ")
+	sql.WriteString(pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize())
+	sql.WriteString(" WITH (publish = 'insert'")
+	if table.Kind == relkindPartitioned {
+		sql.WriteString(", publish_via_partition_root = true")
+	}
+	sql.WriteString(")")
+	if _, err := conn.Exec(ctx, sql.String()); err != nil {
+		return fmt.Errorf("slot: create publication %q: %w", cfg.Publication, err)
+	}
+	return nil
+}
+
+// Drop drops the slot of cfg and, when dropPublication is true, then its
+// publication. Objects that do not exist are skipped, so Drop is idempotent.
+//
+// Drop refuses, with an [*Error] wrapping [ErrSlotActive] that carries the
+// PID, while a client streams from the slot; it then drops nothing. Dropping
+// the slot discards its position: outbox rows inserted until a new slot
+// exists are not published.
+func Drop(ctx context.Context, conn *pgx.Conn, cfg Config, dropPublication bool) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	s, err := lookupSlot(ctx, conn, cfg.Slot)
+	if err != nil {
+		return err
+	}
+	if s != nil {
+		if s.Active {
+			return slotActiveError(cfg.Slot, deref(s.ActivePID))
+		}
+		if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, cfg.Slot); err != nil {
+			switch {
+			case isSQLState(err, sqlstateUndefinedObject):
+				// Dropped meanwhile.
+			case isSQLState(err, sqlstateObjectInUse):
+				// A client started streaming meanwhile.
+				var pid int32
+				if s, lerr := lookupSlot(ctx, conn, cfg.Slot); lerr == nil && s != nil {
+					pid = deref(s.ActivePID)
+				}
+				return slotActiveError(cfg.Slot, pid)
+			default:
+				return fmt.Errorf("slot: drop replication slot %q: %w", cfg.Slot, err)
+			}
+		}
+	}
+	if dropPublication {
+		if _, err := conn.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{cfg.Publication}.Sanitize()); err != nil {
+			return fmt.Errorf("slot: drop publication %q: %w", cfg.Publication, err)
+		}
+	}
+	return nil
+}
+
+func slotActiveError(slot string, pid int32) error {
+	e := newError(ErrSlotActive, fmt.Sprintf(
+		"replication slot %q is active (PID %d): stop the client streaming from it, or SELECT pg_terminate_backend(%d), and retry",
+		slot, pid, pid))
+	if pid == 0 {
+		e.Msg = fmt.Sprintf("replication slot %q is active: stop the client streaming from it and retry", slot)
+	}
+	e.PID = pid
+	return e
+}
