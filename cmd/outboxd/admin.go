@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/slot"
+)
+
+func adminConn(ctx context.Context, o *options) (*pgx.Conn, error) {
+	if err := o.validateCommon(); err != nil {
+		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return conn, nil
+}
+
+func cmdMigrate(ctx context.Context, args []string) error {
+	var o options
+	if err := parse(newFlagSet("migrate", &o), args); err != nil {
+		return err
+	}
+	logger, err := o.logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	applied, err := migrations.Apply(ctx, conn, logger)
+	if err != nil {
+		return err
+	}
+	if len(applied) == 0 {
+		fmt.Println("migrate: up to date")
+	}
+	for _, a := range applied {
+		fmt.Println("migrate: applied", a)
+	}
+	return nil
+}
+
+func cmdSlotCreate(ctx context.Context, args []string) error {
+	var o options
+	if err := parse(newFlagSet("slot create", &o), args); err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	created, err := slot.Ensure(ctx, conn, o.slot, true)
+	if err != nil {
+		return err
+	}
+	if len(created) == 0 {
+		fmt.Println("slot create: publication and slot already exist")
+	}
+	for _, c := range created {
+		fmt.Println("slot create: created", c)
+	}
+	return nil
+}
+
+func cmdSlotDrop(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("slot drop", &o)
+	fs.BoolVar(&o.dropPublication, "publication-too", false, "also drop the publication")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if err := slot.Drop(ctx, conn, o.slot, o.dropPublication); err != nil {
+		return err
+	}
+	fmt.Printf("slot drop: dropped slot %q\n", o.slot.Slot)
+	return nil
+}
+
+func cmdSlotStatus(ctx context.Context, args []string) error {
+	var o options
+	if err := parse(newFlagSet("slot status", &o), args); err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	st, err := slot.GetStatus(ctx, conn, o.slot)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(w, "%s\t%v\n", k, v) }
+	row("slot", st.Slot)
+	row("plugin", st.Plugin)
+	row("database", st.Database)
+	row("active", st.Active)
+	row("active pid", st.ActivePID)
+	row("confirmed_flush_lsn", st.ConfirmedFlushLSN)
+	row("restart_lsn", st.RestartLSN)
+	row("current wal lsn", st.CurrentWALLSN)
+	row("lag bytes", st.LagBytes)
+	row("retained wal bytes", st.RetainedWALBytes)
+	row("wal_status", st.WALStatus)
+	row("publication", st.Publication)
+	row("publication tables", strings.Join(st.PublicationTables, ", "))
+	return w.Flush()
+}

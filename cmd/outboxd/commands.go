@@ -1,0 +1,58 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// errUsage means the usage was already printed.
+var errUsage = errors.New("usage")
+
+const usage = `outboxd publishes transactional-outbox rows from PostgreSQL to Kafka.
+
+Usage:
+  outboxd run [flags]            stream outbox INSERTs from the slot to Kafka
+  outboxd migrate [flags]        create the outbox table (embedded migrations)
+  outboxd slot create [flags]    create the publication and the replication slot
+  outboxd slot drop [flags]      drop the replication slot (and, with --publication-too, the publication)
+  outboxd slot status [flags]    show the slot, its lag and retained WAL
+  outboxd help                   this text
+
+Every flag can also be set as an environment variable: OUTBOXD_ and the flag's
+name in upper case with - as _ (--pg-dsn is OUTBOXD_PG_DSN). A flag given on
+the command line wins. Run "outboxd <command> --help" for its flags.
+`
+
+func dispatch(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return errUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "run":
+		return cmdRun(ctx, rest)
+	case "migrate":
+		return cmdMigrate(ctx, rest)
+	case "slot":
+		if len(rest) == 0 {
+			return fmt.Errorf("slot needs a subcommand: create, drop or status")
+		}
+		switch rest[0] {
+		case "create":
+			return cmdSlotCreate(ctx, rest[1:])
+		case "drop":
+			return cmdSlotDrop(ctx, rest[1:])
+		case "status":
+			return cmdSlotStatus(ctx, rest[1:])
+		}
+		return fmt.Errorf("unknown slot subcommand %q: use create, drop or status", rest[0])
+	case "help", "-h", "--help":
+		fmt.Fprint(os.Stdout, usage)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "help"}, ", "))
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/slot"
+)
+
+// options are every setting of every command; each command registers the
+// flags it uses.
+type options struct {
+	pgDSN    string
+	slot     slot.Config
+	logLevel string
+	logJSON  bool
+
+	// run
+	brokers         string
+	kafkaVersion    string
+	compression     string
+	linger          time.Duration
+	maxMessageBytes int
+	statusInterval  time.Duration
+	noCreate        bool
+	metricsAddr     string
+	pub             publisher.Config
+
+	// slot drop
+	dropPublication bool
+}
+
+func newFlagSet(name string, o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("outboxd "+name, flag.ContinueOnError)
+	*o = options{slot: slot.DefaultConfig(), pub: publisher.DefaultConfig()}
+	fs.StringVar(&o.pgDSN, "pg-dsn", "", "PostgreSQL connection string (URL or key=value); the role needs REPLICATION")
+	fs.StringVar(&o.slot.Slot, "slot", o.slot.Slot, "logical replication slot (pgoutput), cluster-wide name")
+	fs.StringVar(&o.slot.Publication, "publication", o.slot.Publication, "publication of the outbox table")
+	fs.StringVar(&o.slot.Schema, "schema", o.slot.Schema, "schema of the outbox table")
+	fs.StringVar(&o.slot.Table, "table", o.slot.Table, "outbox table")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines instead of console text")
+	return fs
+}
+
+func addRunFlags(fs *flag.FlagSet, o *options) {
+	k := publisher.DefaultKafkaConfig()
+	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka bootstrap brokers, host:port[,host:port...]")
+	fs.StringVar(&o.kafkaVersion, "kafka-version", k.Version.String(), "Kafka protocol version to speak (Kafka 4 needs ≥ 2.1)")
+	fs.StringVar(&o.compression, "kafka-compression", k.Compression, "record compression: none, gzip, snappy, lz4, zstd")
+	fs.DurationVar(&o.linger, "kafka-linger", k.Linger, "wait up to this long to batch records (0: send as soon as the previous request returns)")
+	fs.IntVar(&o.maxMessageBytes, "kafka-max-message-bytes", k.MaxMessageBytes, "largest record to produce; larger ones are poison events")
+	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
+	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
+	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows whose topic column is absent or NULL")
+	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) here instead of halting")
+	fs.IntVar(&o.pub.MaxInFlightEvents, "max-in-flight-events", o.pub.MaxInFlightEvents, "events produced and not yet acknowledged before reading pauses")
+	fs.Int64Var(&o.pub.MaxInFlightBytes, "max-in-flight-bytes", o.pub.MaxInFlightBytes, "bytes produced and not yet acknowledged before reading pauses")
+	fs.DurationVar(&o.pub.ShutdownTimeout, "shutdown-timeout", o.pub.ShutdownTimeout, "on SIGINT/SIGTERM, wait this long for in-flight acknowledgements")
+	fs.DurationVar(&o.pub.RestartBackoffMin, "restart-backoff-min", o.pub.RestartBackoffMin, "first backoff before restarting after an error")
+	fs.DurationVar(&o.pub.RestartBackoffMax, "restart-backoff-max", o.pub.RestartBackoffMax, "cap of the exponential restart backoff")
+	fs.DurationVar(&o.pub.StandbyPollInterval, "standby-poll-interval", o.pub.StandbyPollInterval, "how often a standby checks whether the slot is free")
+	fs.IntVar(&o.pub.CrashAfterProduce, "crash-after-produce", 0, "DEMO ONLY: exit hard (status 3) once Kafka acked this many events, before confirming them")
+}
+
+// parse parses args, then fills every flag not given on the command line
+// from its OUTBOXD_* environment variable.
+func parse(fs *flag.FlagSet, args []string) error {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		fs.VisitAll(func(f *flag.Flag) {
+			fmt.Fprintf(fs.Output(), "  --%s (env %s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
+		})
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errUsage
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if err := f.Value.Set(v); err != nil {
+				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func envName(flagName string) string {
+	return "OUTBOXD_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func (o *options) validateCommon() error {
+	var errs []error
+	if o.pgDSN == "" {
+		errs = append(errs, errors.New("no PostgreSQL connection: set --pg-dsn or OUTBOXD_PG_DSN"))
+	}
+	if err := o.slot.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (o *options) kafkaConfig() (publisher.KafkaConfig, error) {
+	k := publisher.DefaultKafkaConfig()
+	for _, b := range strings.Split(o.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			k.Brokers = append(k.Brokers, b)
+		}
+	}
+	v, err := sarama.ParseKafkaVersion(o.kafkaVersion)
+	if err != nil {
+		return k, fmt.Errorf("--kafka-version %q: %w", o.kafkaVersion, err)
+	}
+	k.Version = v
+	k.Compression = o.compression
+	k.Linger = o.linger
+	k.MaxMessageBytes = o.maxMessageBytes
+	return k, k.Validate()
+}
+
+func (o *options) streamConfig() replication.StreamConfig {
+	return replication.StreamConfig{
+		ConnString:     o.pgDSN,
+		Slot:           o.slot.Slot,
+		Publication:    o.slot.Publication,
+		StatusInterval: o.statusInterval,
+		Decoder: replication.DecoderConfig{
+			Schema:  o.slot.Schema,
+			Table:   o.slot.Table,
+			Columns: replication.DefaultColumns(),
+		},
+	}
+}
+
+func (o *options) logger(w io.Writer) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(o.logLevel)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	ecfg := zap.NewProductionEncoderConfig()
+	ecfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	if o.logJSON {
+		enc = zapcore.NewJSONEncoder(ecfg)
+	} else {
+		ecfg.EncodeLevel = zapcore.CapitalLevelEncoder
+		enc = zapcore.NewConsoleEncoder(ecfg)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
+}

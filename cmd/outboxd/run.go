@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/slot"
+)
+
+func cmdRun(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("run", &o)
+	addRunFlags(fs, &o)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	kcfg, kerr := o.kafkaConfig()
+	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate()); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	logger, err := o.logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer logger.Sync()
+	// sarama logs through a package global: set it once, here.
+	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
+
+	if err := prepare(ctx, &o, logger); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := publisher.NewMetrics(reg)
+
+	deps := publisher.Deps{
+		OpenSource: func(ctx context.Context) (publisher.Source, error) {
+			return replication.Open(ctx, o.streamConfig(), logger.Named("replication"))
+		},
+		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) },
+	}
+	if o.pub.DeadLetterTopic != "" {
+		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
+			return publisher.NewKafkaDeadLetterer(kcfg, o.pub.DeadLetterTopic)
+		}
+	}
+	svc := publisher.NewService(o.pub, logger, metrics, deps)
+
+	var g run.Group
+	{ // The service: the data path.
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return svc.Run(ctx) }, func(error) { cancel() })
+	}
+	{ // Signals: SIGINT/SIGTERM stop the group gracefully.
+		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+	}
+	if o.metricsAddr != "" { // Metrics and health.
+		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %q: %w", o.metricsAddr, err)
+		}
+		srv := &http.Server{Handler: healthMux(reg, svc), ReadHeaderTimeout: 5 * time.Second}
+		g.Add(func() error {
+			logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}, func(error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+	err = g.Run()
+	var sig run.SignalError
+	if errors.As(err, &sig) {
+		logger.Info("stopped on signal", zap.Stringer("signal", sig.Signal))
+		return nil
+	}
+	return err
+}
+
+// prepare checks the database and ensures the publication and the slot.
+func prepare(ctx context.Context, o *options, logger *zap.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
+		return err
+	}
+	created, err := slot.Ensure(ctx, conn, o.slot, !o.noCreate)
+	if err != nil {
+		return err
+	}
+	for _, c := range created {
+		logger.Info("created", zap.String("object", c))
+	}
+	return nil
+}
+
+func healthMux(reg *prometheus.Registry, svc *publisher.Service) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		st := svc.State()
+		switch st {
+		case publisher.StateStreaming, publisher.StateStandby:
+			fmt.Fprintln(w, st)
+		default:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, st)
+		}
+	})
+	return mux
+}
+
+// zapWriter adapts sarama's log.Logger to zap at debug level.
+type zapWriter struct{ l *zap.Logger }
+
+func (w *zapWriter) Write(p []byte) (int, error) {
+	if ce := w.l.Check(zap.DebugLevel, string(trimNewline(p))); ce != nil {
+		ce.Write()
+	}
+	return len(p), nil
+}
+
+func trimNewline(p []byte) []byte {
+	if n := len(p); n > 0 && p[n-1] == '\n' {
+		return p[:n-1]
+	}
+	return p
+}

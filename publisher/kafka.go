@@ -1,0 +1,258 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// KafkaConfig configures the sarama producer. Start from DefaultKafkaConfig.
+type KafkaConfig struct {
+	Brokers  []string
+	ClientID string
+	// Version is the Kafka protocol version to speak. Kafka 4 removed the
+	// old protocol versions (KIP-896): it must be modern.
+	Version sarama.KafkaVersion
+	// Compression: none, gzip, snappy, lz4 or zstd.
+	Compression string
+	// Linger, when > 0, waits up to that long to batch records. Zero sends
+	// as soon as the previous request returns: batches under load, adds no
+	// latency when idle.
+	Linger time.Duration
+	// MaxMessageBytes is the largest record the producer accepts.
+	MaxMessageBytes int
+	// RetryMax and RetryBackoff are the producer's own retries before a
+	// record fails (and the pipeline restarts).
+	RetryMax     int
+	RetryBackoff time.Duration
+	// Configure, when set, is applied last (TLS, SASL, tests).
+	Configure func(*sarama.Config)
+}
+
+// DefaultKafkaConfig returns the producer settings outboxd needs for
+// durability and per-key order: acks=all, idempotent, one request in flight
+// per broker, the Java client's partitioner.
+func DefaultKafkaConfig() KafkaConfig {
+	return KafkaConfig{
+		ClientID:        "outboxd",
+		Version:         sarama.V4_1_0_0,
+		Compression:     "none",
+		MaxMessageBytes: 1000000,
+		RetryMax:        5,
+		RetryBackoff:    200 * time.Millisecond,
+	}
+}
+
+// Validate checks the settings.
+func (c KafkaConfig) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("no Kafka brokers: set --kafka-brokers (host:port,...)"))
+	}
+	var codec sarama.CompressionCodec
+	if err := codec.UnmarshalText([]byte(c.Compression)); err != nil {
+		errs = append(errs, fmt.Errorf("unknown Kafka compression %q: use none, gzip, snappy, lz4 or zstd", c.Compression))
+	}
+	if c.MaxMessageBytes < 1 {
+		errs = append(errs, fmt.Errorf("max message bytes must be ≥ 1, got %d", c.MaxMessageBytes))
+	}
+	if c.RetryMax < 1 {
+		errs = append(errs, fmt.Errorf("Kafka retry max must be ≥ 1 (idempotent producer), got %d", c.RetryMax))
+	}
+	return errors.Join(errs...)
+}
+
+// Sarama builds the sarama configuration.
+func (c KafkaConfig) Sarama() (*sarama.Config, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	sc := sarama.NewConfig()
+	sc.ClientID = c.ClientID
+	sc.Version = c.Version
+	sc.Metadata.AllowAutoTopicCreation = false
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Idempotent = true
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.Retry.Max = c.RetryMax
+	sc.Producer.Retry.Backoff = c.RetryBackoff
+	sc.Producer.MaxMessageBytes = c.MaxMessageBytes
+	sc.Producer.Partitioner = NewJavaPartitioner
+	sc.Producer.Flush.Frequency = c.Linger
+	_ = sc.Producer.Compression.UnmarshalText([]byte(c.Compression))
+	if c.Configure != nil {
+		c.Configure(sc)
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, fmt.Errorf("kafka config: %w", err)
+	}
+	return sc, nil
+}
+
+// KafkaProducer is the sarama AsyncProducer behind the Producer interface.
+type KafkaProducer struct {
+	ap      sarama.AsyncProducer
+	results chan *Record
+	wg      sync.WaitGroup
+	once    sync.Once
+}
+
+// NewKafkaProducer connects to the brokers.
+func NewKafkaProducer(cfg KafkaConfig) (*KafkaProducer, error) {
+	sc, err := cfg.Sarama()
+	if err != nil {
+		return nil, err
+	}
+	ap, err := sarama.NewAsyncProducer(cfg.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("kafka producer: %w", err)
+	}
+	p := &KafkaProducer{ap: ap, results: make(chan *Record, sc.ChannelBufferSize)}
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		for m := range ap.Successes() {
+			r := m.Metadata.(*Record)
+			r.Partition, r.Offset = m.Partition, m.Offset
+			p.results <- r
+		}
+	}()
+	go func() {
+		defer p.wg.Done()
+		for pe := range ap.Errors() {
+			r := pe.Msg.Metadata.(*Record)
+			r.Err = classify(r, pe.Err)
+			p.results <- r
+		}
+	}()
+	go func() {
+		p.wg.Wait()
+		close(p.results)
+	}()
+	return p, nil
+}
+
+// Send implements Producer.
+func (p *KafkaProducer) Send(ctx context.Context, r *Record) error {
+	m := &sarama.ProducerMessage{
+		Topic:     r.Topic,
+		Key:       sarama.ByteEncoder(r.Key),
+		Value:     sarama.ByteEncoder(r.Value),
+		Timestamp: r.Timestamp,
+		Metadata:  r,
+	}
+	if len(r.Headers) > 0 {
+		m.Headers = make([]sarama.RecordHeader, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
+		}
+	}
+	select {
+	case p.ap.Input() <- m:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Results implements Producer.
+func (p *KafkaProducer) Results() <-chan *Record { return p.results }
+
+// Close implements Producer: in-flight records still come back on Results.
+func (p *KafkaProducer) Close() error {
+	p.once.Do(p.ap.AsyncClose)
+	return nil
+}
+
+// permanent are the errors for which a retry of the same record can never
+// succeed.
+var permanent = []error{
+	sarama.ErrMessageSizeTooLarge,
+	sarama.ErrUnknownTopicOrPartition,
+	sarama.ErrInvalidTopic,
+	sarama.ErrMessageSetSizeTooLarge,
+	sarama.ErrInvalidRecord,
+	sarama.ErrInvalidTimestamp,
+}
+
+func classify(r *Record, err error) error {
+	// sarama refuses a record over Producer.MaxMessageBytes itself, with a
+	// ConfigurationError, before it reaches the broker.
+	var ce sarama.ConfigurationError
+	if errors.As(err, &ce) {
+		return &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
+	}
+	for _, p := range permanent {
+		if errors.Is(err, p) {
+			return &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
+		}
+	}
+	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: err}
+}
+
+// Dead-letter headers added to a diverted record.
+const (
+	HeaderDLQError         = "outboxd-error"
+	HeaderDLQOriginalTopic = "outboxd-original-topic"
+	HeaderDLQPayloadBytes  = "outboxd-payload-bytes"
+	HeaderDLQPayloadOmit   = "outboxd-payload-omitted"
+)
+
+// KafkaDeadLetterer sends poison records to the dead-letter topic with a
+// synchronous producer.
+type KafkaDeadLetterer struct {
+	topic    string
+	maxBytes int
+	sp       sarama.SyncProducer
+}
+
+// NewKafkaDeadLetterer connects a synchronous producer for topic.
+func NewKafkaDeadLetterer(cfg KafkaConfig, topic string) (*KafkaDeadLetterer, error) {
+	sc, err := cfg.Sarama()
+	if err != nil {
+		return nil, err
+	}
+	sp, err := sarama.NewSyncProducer(cfg.Brokers, sc)
+	if err != nil {
+		return nil, fmt.Errorf("kafka dead-letter producer: %w", err)
+	}
+	return &KafkaDeadLetterer{topic: topic, maxBytes: cfg.MaxMessageBytes, sp: sp}, nil
+}
+
+// DeadLetter implements DeadLetterer. The original key, value and headers are
+// kept; a value that made the record too large is omitted (it stays in the
+// outbox table) and its size is noted in a header.
+func (d *KafkaDeadLetterer) DeadLetter(_ context.Context, r *Record, cause error) error {
+	m := &sarama.ProducerMessage{
+		Topic:     d.topic,
+		Key:       sarama.ByteEncoder(r.Key),
+		Value:     sarama.ByteEncoder(r.Value),
+		Timestamp: r.Timestamp,
+	}
+	for _, h := range r.Headers {
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+	}
+	m.Headers = append(m.Headers,
+		sarama.RecordHeader{Key: []byte(HeaderDLQError), Value: []byte(cause.Error())},
+		sarama.RecordHeader{Key: []byte(HeaderDLQOriginalTopic), Value: []byte(r.Topic)},
+		sarama.RecordHeader{Key: []byte(HeaderDLQPayloadBytes), Value: strconv.AppendInt(nil, int64(len(r.Value)), 10)},
+	)
+	var ce sarama.ConfigurationError
+	if r.Size()+512 > d.maxBytes || errors.As(cause, &ce) ||
+		errors.Is(cause, sarama.ErrMessageSizeTooLarge) || errors.Is(cause, sarama.ErrMessageSetSizeTooLarge) {
+		m.Value = nil
+		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderDLQPayloadOmit), Value: []byte("true")})
+	}
+	_, _, err := d.sp.SendMessage(m)
+	return err
+}
+
+// Close closes the producer.
+func (d *KafkaDeadLetterer) Close() error { return d.sp.Close() }

@@ -1,0 +1,55 @@
+package publisher
+
+import (
+	"context"
+	"sync"
+)
+
+// limiter bounds the events and bytes in flight. One goroutine acquires,
+// any may release. An event larger than maxBytes is let through alone so it
+// cannot wedge the pipeline.
+type limiter struct {
+	mu                  sync.Mutex
+	events, bytes       int64
+	maxEvents, maxBytes int64
+	wake                chan struct{}
+}
+
+func newLimiter(maxEvents int, maxBytes int64) *limiter {
+	return &limiter{maxEvents: int64(maxEvents), maxBytes: maxBytes, wake: make(chan struct{}, 1)}
+}
+
+func (l *limiter) acquire(ctx context.Context, n int64) error {
+	for {
+		l.mu.Lock()
+		if l.events == 0 || (l.events < l.maxEvents && l.bytes+n <= l.maxBytes) {
+			l.events++
+			l.bytes += n
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+		select {
+		case <-l.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (l *limiter) release(n int64) {
+	l.mu.Lock()
+	l.events--
+	l.bytes -= n
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (l *limiter) inFlight() (events, bytes int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.events, l.bytes
+}

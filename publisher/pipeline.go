@@ -1,0 +1,240 @@
+package publisher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/replication"
+)
+
+// Producer sends records to Kafka asynchronously. It is the Kafka side of
+// the pipeline, kept small so another implementation (a transactional
+// producer, a test fake) can stand in.
+type Producer interface {
+	// Send enqueues r. It blocks while the producer's input is full.
+	Send(ctx context.Context, r *Record) error
+	// Results returns every record given to Send exactly once, acknowledged
+	// (Err nil) or failed after the producer's own retries. A failed
+	// record's Err wraps ErrPoison when Kafka refused it for good. The
+	// channel is closed after Close.
+	Results() <-chan *Record
+	// Close stops the producer. Records still in flight come back on
+	// Results, acknowledged or failed, before it is closed.
+	Close() error
+}
+
+// DeadLetterer diverts a poison record to the dead-letter topic and returns
+// once Kafka acknowledged it.
+type DeadLetterer interface {
+	DeadLetter(ctx context.Context, r *Record, cause error) error
+}
+
+// Pipeline produces the events of one replication session and tracks what is
+// safe to confirm. It implements replication.Progress. A Pipeline runs once.
+type Pipeline struct {
+	cfg  Config
+	log  *zap.Logger
+	prod Producer
+	dlq  DeadLetterer // nil: poison halts
+	wm   *Watermark
+	lim  *limiter
+	m    *Metrics
+
+	done     chan struct{}
+	failOnce sync.Once
+	failErr  error
+	failed   chan struct{}
+	crash    func()
+}
+
+// NewPipeline builds a pipeline that starts at the slot's confirmed position.
+// dlq may be nil.
+func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, start pglogrepl.LSN, m *Metrics) *Pipeline {
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	return &Pipeline{
+		cfg:    cfg,
+		log:    log,
+		prod:   prod,
+		dlq:    dlq,
+		wm:     NewWatermark(start),
+		lim:    newLimiter(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes),
+		m:      m,
+		done:   make(chan struct{}),
+		failed: make(chan struct{}),
+		crash:  func() { os.Exit(3) },
+	}
+}
+
+// Confirmed is the position safe to confirm to the server.
+func (p *Pipeline) Confirmed() pglogrepl.LSN { return p.wm.Confirmed() }
+
+// Done is closed when Run has returned.
+func (p *Pipeline) Done() <-chan struct{} { return p.done }
+
+func (p *Pipeline) fail(err error) {
+	p.failOnce.Do(func() {
+		p.failErr = err
+		close(p.failed)
+	})
+}
+
+// Run produces every event read from in. It returns nil once in is closed
+// and every produced event is acknowledged; the first produce error or
+// poison event (without a dead-letter topic) otherwise; ctx.Err() when ctx
+// is cancelled first. It does not close the producer.
+func (p *Pipeline) Run(ctx context.Context, in <-chan replication.Message) error {
+	defer close(p.done)
+	acksDone := make(chan struct{})
+	ackCtx, cancelAcks := context.WithCancel(ctx)
+	defer func() {
+		cancelAcks()
+		<-acksDone
+	}()
+	go func() {
+		defer close(acksDone)
+		p.ackLoop(ackCtx)
+	}()
+
+	var cur *txn
+	for {
+		var m replication.Message
+		var ok bool
+		select {
+		case m, ok = <-in:
+		case <-p.failed:
+			return p.failErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if !ok {
+			return p.drain(ctx)
+		}
+		switch m.Kind {
+		case replication.KindBegin:
+			cur = p.wm.Begin(m.Begin.CommitTime)
+		case replication.KindEvent:
+			if cur == nil {
+				return fmt.Errorf("publisher: %w: event outside a transaction", replication.ErrProtocol)
+			}
+			if err := p.produce(ctx, cur, &m); err != nil {
+				return err
+			}
+		case replication.KindCommit:
+			if cur == nil {
+				return fmt.Errorf("publisher: %w: commit outside a transaction", replication.ErrProtocol)
+			}
+			p.wm.Commit(cur, m.Commit.EndLSN)
+			cur = nil
+			p.m.ReceivedLSN.Set(float64(m.Commit.EndLSN))
+		}
+	}
+}
+
+func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
+	r := newRecord(&m.Event, p.cfg.DefaultTopic, m.Begin.CommitTime)
+	r.txn = t
+	if err := p.lim.acquire(ctx, r.size); err != nil {
+		return err
+	}
+	p.wm.Add(t)
+	p.m.InFlightEvents.Inc()
+	p.m.InFlightBytes.Add(float64(r.size))
+	if r.Topic == "" {
+		// Unroutable: never reaches Kafka. Hand it to the ack loop as a
+		// failed record so it is treated like any other poison event.
+		r.Err = &PoisonError{OutboxID: r.OutboxID, Size: int(r.size), Err: errNoTopic}
+		return p.handleResult(ctx, r)
+	}
+	select {
+	case <-p.failed:
+		return p.failErr
+	default:
+	}
+	if err := p.prod.Send(ctx, r); err != nil {
+		return err
+	}
+	return nil
+}
+
+// drain waits until every produced event is acknowledged.
+func (p *Pipeline) drain(ctx context.Context) error {
+	for {
+		if n, _ := p.lim.inFlight(); n == 0 {
+			return nil
+		}
+		select {
+		case <-p.lim.wake:
+			// Re-post so acquire-side waiters are not starved; only we wait here.
+		case <-p.failed:
+			return p.failErr
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (p *Pipeline) ackLoop(ctx context.Context) {
+	acked := 0
+	for {
+		select {
+		case r, ok := <-p.prod.Results():
+			if !ok {
+				return
+			}
+			if err := p.handleResult(ctx, r); err != nil {
+				p.fail(err)
+				return
+			}
+			if r.Err == nil {
+				acked++
+				if p.cfg.CrashAfterProduce > 0 && acked >= p.cfg.CrashAfterProduce {
+					p.log.Warn("crashing on purpose after produce, before confirming", zap.Int("acked", acked))
+					p.crash()
+				}
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// handleResult accounts for one record back from Kafka.
+func (p *Pipeline) handleResult(ctx context.Context, r *Record) error {
+	if r.Err != nil {
+		if !errors.Is(r.Err, ErrPoison) {
+			p.m.ProduceErrors.WithLabelValues(r.Topic).Inc()
+			return r.Err
+		}
+		if p.dlq == nil {
+			p.m.ProduceErrors.WithLabelValues(r.Topic).Inc()
+			return r.Err
+		}
+		if err := p.dlq.DeadLetter(ctx, r, r.Err); err != nil {
+			return fmt.Errorf("publisher: divert outbox id %d to dead-letter topic %q: %w", r.OutboxID, p.cfg.DeadLetterTopic, err)
+		}
+		p.log.Warn("poison event diverted to the dead-letter topic",
+			zap.Int64("outbox_id", r.OutboxID), zap.String("topic", r.Topic),
+			zap.String("dead_letter_topic", p.cfg.DeadLetterTopic), zap.Error(r.Err))
+		p.m.DeadLettered.WithLabelValues(r.Topic).Inc()
+	} else {
+		p.m.Published.WithLabelValues(r.Topic).Inc()
+		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(r.size))
+		if !r.txn.commitTime.IsZero() {
+			p.m.observeLatency(r.txn.commitTime)
+		}
+	}
+	p.wm.Ack(r.txn)
+	p.lim.release(r.size)
+	p.m.InFlightEvents.Dec()
+	p.m.InFlightBytes.Sub(float64(r.size))
+	p.m.ConfirmedLSN.Set(float64(p.wm.Confirmed()))
+	return nil
+}

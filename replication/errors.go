@@ -1,0 +1,29 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrSlotInUse means another process streams from the slot. The slot is
+	// outboxd's singleton lock: the caller waits as a standby.
+	ErrSlotInUse = errors.New("replication slot in use")
+	// ErrSlotMissing means the slot does not exist.
+	ErrSlotMissing = errors.New("replication slot missing")
+	// ErrStreamEnded means the server ended the replication stream.
+	ErrStreamEnded = errors.New("replication stream ended")
+)
+
+// SlotInUseError says which process holds the slot.
+type SlotInUseError struct {
+	Slot string
+	PID  int // 0 when unknown
+}
+
+func (e *SlotInUseError) Error() string {
+	return fmt.Sprintf("replication: slot %q is active for PID %d", e.Slot, e.PID)
+}
+
+// Unwrap lets errors.Is(err, ErrSlotInUse) match.
+func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }

@@ -1,0 +1,80 @@
+package replication
+
+import (
+	"time"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// Event is one outbox row, decoded from a pgoutput Insert message.
+//
+// All byte slices and strings are owned by the Event: they never alias the
+// buffer of the replication connection, so an Event may outlive the message
+// it was decoded from.
+type Event struct {
+	// ID is the outbox row's primary key (column "id").
+	ID int64
+	// AggregateID becomes the Kafka record key.
+	AggregateID string
+	// Topic is the row's topic; empty when the column is absent or NULL.
+	Topic string
+	// Payload is the stored value exactly: jsonb/json/text as their text form,
+	// bytea as raw bytes.
+	Payload []byte
+	// EventType is the optional event type column; empty when absent or NULL.
+	EventType string
+	// CreatedAt is the row's creation time; zero when absent or NULL.
+	CreatedAt time.Time
+}
+
+// Begin marks the start of a committed transaction.
+type Begin struct {
+	Xid uint32
+	// FinalLSN is the LSN of the transaction's commit record.
+	FinalLSN   pglogrepl.LSN
+	CommitTime time.Time
+}
+
+// Commit marks the end of a transaction. EndLSN (the position just past the
+// commit record) is what may be confirmed to the server once every event of
+// the transaction is durable downstream; never CommitLSN.
+type Commit struct {
+	CommitLSN  pglogrepl.LSN
+	EndLSN     pglogrepl.LSN
+	CommitTime time.Time
+}
+
+// Kind says which field of a Message is set.
+type Kind uint8
+
+const (
+	// KindNone is a message that means nothing for the outbox (a Relation,
+	// an Update, a row of another table, ...).
+	KindNone Kind = iota
+	KindBegin
+	KindEvent
+	KindCommit
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindBegin:
+		return "begin"
+	case KindEvent:
+		return "event"
+	case KindCommit:
+		return "commit"
+	default:
+		return "none"
+	}
+}
+
+// Message is what one pgoutput message means for the outbox.
+type Message struct {
+	Kind   Kind
+	Begin  Begin
+	Event  Event
+	Commit Commit
+	// WALStart is the XLogData start position the message came with.
+	WALStart pglogrepl.LSN
+}

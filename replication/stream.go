@@ -1,0 +1,353 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"go.uber.org/zap"
+)
+
+// StreamConfig says where to stream from.
+type StreamConfig struct {
+	// ConnString is a libpq DSN or URL; the stream adds replication=database.
+	ConnString  string
+	Slot        string
+	Publication string
+	// StatusInterval bounds the time between two standby status updates.
+	// It must stay well below the server's wal_sender_timeout (60 s default).
+	StatusInterval time.Duration
+	Decoder        DecoderConfig
+}
+
+// Progress is what the stream needs from whoever consumes its messages.
+type Progress interface {
+	// Confirmed is the end LSN of the last transaction whose events are all
+	// durable downstream (the contiguous done prefix). It only moves forward.
+	Confirmed() pglogrepl.LSN
+	// Done is closed when the consumer will read no more messages: it drained
+	// what it had, or it gave up.
+	Done() <-chan struct{}
+}
+
+// Stream owns one replication connection. Exactly one goroutine — the one
+// calling Run — uses the connection, for receiving and for status updates
+// alike: writing status updates from a second goroutine while another
+// receives corrupts the connection.
+type Stream struct {
+	cfg    StreamConfig
+	log    *zap.Logger
+	conn   *pgconn.PgConn
+	dec    *Decoder
+	start  pglogrepl.LSN
+	closed bool
+}
+
+// Open connects to the server, checks the slot and starts logical replication
+// from the slot's confirmed position. It returns an error wrapping
+// ErrSlotInUse (as a *SlotInUseError) when another process streams from the
+// slot, and ErrSlotMissing when the slot does not exist.
+func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, error) {
+	if cfg.StatusInterval <= 0 {
+		cfg.StatusInterval = 10 * time.Second
+	}
+	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("replication: parse connection string: %w", err)
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	// Output functions run with the walsender's settings: pin the text forms
+	// the decoder parses.
+	pcfg.RuntimeParams["DateStyle"] = "ISO, MDY"
+	pcfg.RuntimeParams["TimeZone"] = "UTC"
+	if pcfg.RuntimeParams["application_name"] == "" {
+		pcfg.RuntimeParams["application_name"] = "outboxd"
+	}
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication: connect: %w", err)
+	}
+	s := &Stream{cfg: cfg, log: log, conn: conn, dec: NewDecoder(cfg.Decoder)}
+	if err := s.startReplication(ctx); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return s, nil
+}
+
+// StartLSN is the slot's confirmed position the stream started from.
+func (s *Stream) StartLSN() pglogrepl.LSN { return s.start }
+
+func (s *Stream) startReplication(ctx context.Context) error {
+	res := s.conn.Exec(ctx, fmt.Sprintf(
+		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '%s'",
+		s.cfg.Slot)) // Slot is a validated identifier.
+	rows, err := res.ReadAll()
+	if err != nil {
+		return fmt.Errorf("replication: read slot %q: %w", s.cfg.Slot, err)
+	}
+	if len(rows) == 0 || len(rows[0].Rows) == 0 {
+		return fmt.Errorf("%w: replication slot %q does not exist: run \"outboxd slot create\" or start without --no-create", ErrSlotMissing, s.cfg.Slot)
+	}
+	r := rows[0].Rows[0]
+	if plugin := string(r[0]); plugin != "pgoutput" {
+		return fmt.Errorf("replication: slot %q uses plugin %q, outboxd needs \"pgoutput\"", s.cfg.Slot, plugin)
+	}
+	if string(r[1]) == "t" {
+		pid, _ := strconv.Atoi(string(r[2]))
+		return &SlotInUseError{Slot: s.cfg.Slot, PID: pid}
+	}
+	if s.start, err = pglogrepl.ParseLSN(string(r[3])); err != nil {
+		return fmt.Errorf("replication: slot %q confirmed_flush_lsn: %w", s.cfg.Slot, err)
+	}
+	err = pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, s.start, pglogrepl.StartReplicationOptions{
+		Mode: pglogrepl.LogicalReplication,
+		PluginArgs: []string{
+			"proto_version '1'",
+			fmt.Sprintf("publication_names '%s'", s.cfg.Publication),
+		},
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" {
+			return slotInUse(s.cfg.Slot, pgErr.Message)
+		}
+		return fmt.Errorf("replication: start replication on slot %q: %w", s.cfg.Slot, err)
+	}
+	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.Stringer("from_lsn", s.start))
+	return nil
+}
+
+var activePID = regexp.MustCompile(`active for PID (\d+)`)
+
+func slotInUse(slot, msg string) error {
+	e := &SlotInUseError{Slot: slot}
+	if m := activePID.FindStringSubmatch(msg); m != nil {
+		e.PID, _ = strconv.Atoi(m[1])
+	}
+	return e
+}
+
+// Run receives, decodes and delivers outbox messages to out, in commit order,
+// until ctx is cancelled or the connection fails. It closes out when it stops
+// reading.
+//
+// Cancelling ctx stops reading, not the stream: Run keeps sending status
+// updates until progress.Done() is closed, so the last acknowledgements still
+// reach the server, then sends a final update and returns nil. Standby status
+// updates flow every StatusInterval, when the server asks, and while out is
+// full (backpressure), so wal_sender_timeout never fires because the
+// downstream is slow.
+func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress) error {
+	st := &streamState{received: s.start, lastCommitEnd: s.start}
+	err := s.receive(ctx, out, progress, st)
+	close(out)
+	if errors.Is(err, errStopped) {
+		err = nil
+	}
+	if err != nil {
+		return err
+	}
+	// Drain: the consumer finishes what it has; keep the server informed.
+	ticker := time.NewTicker(s.cfg.StatusInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-progress.Done():
+			return s.sendStatus(st, progress)
+		case <-ticker.C:
+			if err := s.sendStatus(st, progress); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// streamState is owned by the Run goroutine.
+type streamState struct {
+	received      pglogrepl.LSN // highest position received
+	serverWALEnd  pglogrepl.LSN // from the last keepalive
+	lastCommitEnd pglogrepl.LSN // end LSN of the last Commit delivered
+	inTxn         bool
+	lastStatus    time.Time
+}
+
+// flushPosition is the position safe to confirm. When every delivered
+// transaction is done and none is open, everything the server sent before its
+// last keepalive is accounted for, so the keepalive's WAL end can be
+// confirmed: an idle outbox then never pins WAL while other tables write.
+func (st *streamState) flushPosition(progress Progress) pglogrepl.LSN {
+	confirmed := progress.Confirmed()
+	if !st.inTxn && confirmed >= st.lastCommitEnd && st.serverWALEnd > confirmed {
+		return st.serverWALEnd
+	}
+	return confirmed
+}
+
+func (s *Stream) sendStatus(st *streamState, progress Progress) error {
+	flush := st.flushPosition(progress)
+	write := st.received
+	if write < flush {
+		write = flush
+	}
+	if flush == 0 {
+		// pglogrepl copies write into a zero flush: never let it.
+		write = 0
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write,
+		WALFlushPosition: flush,
+		WALApplyPosition: flush,
+	})
+	if err != nil {
+		return fmt.Errorf("replication: send standby status: %w", err)
+	}
+	st.lastStatus = time.Now()
+	if ce := s.log.Check(zap.DebugLevel, "standby status"); ce != nil {
+		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush))
+	}
+	return nil
+}
+
+func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progress, st *streamState) error {
+	if err := s.sendStatus(st, progress); err != nil {
+		return err
+	}
+	for ctx.Err() == nil {
+		deadline := st.lastStatus.Add(s.cfg.StatusInterval)
+		if !time.Now().Before(deadline) {
+			if err := s.sendStatus(st, progress); err != nil {
+				return err
+			}
+			continue
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if pgconn.Timeout(err) {
+				continue // a status update is due, or ctx is done
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("replication: receive: %w", err)
+		}
+		switch msg := raw.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, msg.Data, out, progress, st); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: server error: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyDone:
+			return fmt.Errorf("replication: %w: server ended the copy stream", ErrStreamEnded)
+		default:
+			// NoticeResponse, ParameterStatus: nothing to do.
+		}
+	}
+	return nil
+}
+
+func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Message, progress Progress, st *streamState) error {
+	if len(data) == 0 {
+		return fmt.Errorf("replication: %w: empty CopyData", ErrProtocol)
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("replication: %w: %v", ErrProtocol, err)
+		}
+		if ka.ServerWALEnd > st.serverWALEnd {
+			st.serverWALEnd = ka.ServerWALEnd
+		}
+		if ka.ServerWALEnd > st.received {
+			st.received = ka.ServerWALEnd
+		}
+		if ka.ReplyRequested {
+			return s.sendStatus(st, progress)
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		xld, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("replication: %w: %v", ErrProtocol, err)
+		}
+		m, err := s.dec.Decode(xld.WALData)
+		if err != nil {
+			return err
+		}
+		if end := xld.WALStart + pglogrepl.LSN(len(xld.WALData)); end > st.received {
+			st.received = end
+		}
+		if m.Kind == KindNone {
+			return nil
+		}
+		m.WALStart = xld.WALStart
+		if err := s.deliver(ctx, out, m, progress, st); err != nil {
+			return err
+		}
+		// Only what was delivered counts as in flight.
+		switch m.Kind {
+		case KindBegin:
+			st.inTxn = true
+		case KindCommit:
+			st.inTxn = false
+			st.lastCommitEnd = m.Commit.EndLSN
+		}
+		return nil
+	default:
+		return fmt.Errorf("replication: %w: unknown CopyData type %q", ErrProtocol, data[0])
+	}
+}
+
+// errStopped ends the receive loop without an error: ctx was cancelled or the
+// consumer is gone.
+var errStopped = errors.New("replication: stopped")
+
+// deliver hands m to the consumer, sending status updates while it waits.
+func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, progress Progress, st *streamState) error {
+	select {
+	case out <- m:
+		return nil
+	default:
+	}
+	for {
+		timer := time.NewTimer(time.Until(st.lastStatus.Add(s.cfg.StatusInterval)))
+		select {
+		case out <- m:
+			timer.Stop()
+			return nil
+		case <-ctx.Done():
+			timer.Stop()
+			// Not delivered: the transaction is not confirmed and will be
+			// read again after a restart.
+			return errStopped
+		case <-progress.Done():
+			timer.Stop()
+			return errStopped
+		case <-timer.C:
+			if err := s.sendStatus(st, progress); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Close closes the connection. Safe to call more than once.
+func (s *Stream) Close() {
+	if s.closed {
+		return
+	}
+	s.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = s.conn.Close(ctx)
+}
