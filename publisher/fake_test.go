@@ -1,0 +1,64 @@
+package publisher
+
+import (
+	"context"
+	"sync"
+)
+
+// fakeProducer records what is sent; the test decides each record's fate.
+type fakeProducer struct {
+	mu      sync.Mutex
+	sent    []*Record
+	sentCh  chan *Record
+	results chan *Record
+	closed  bool
+}
+
+func newFakeProducer() *fakeProducer {
+	return &fakeProducer{sentCh: make(chan *Record, 1000), results: make(chan *Record, 1000)}
+}
+
+func (f *fakeProducer) Send(ctx context.Context, r *Record) error {
+	f.mu.Lock()
+	f.sent = append(f.sent, r)
+	f.mu.Unlock()
+	f.sentCh <- r
+	return nil
+}
+
+func (f *fakeProducer) Results() <-chan *Record { return f.results }
+
+func (f *fakeProducer) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.closed = true
+		close(f.results)
+	}
+	return nil
+}
+
+func (f *fakeProducer) ack(r *Record)             { f.results <- r }
+func (f *fakeProducer) fail(r *Record, err error) { r.Err = err; f.results <- r }
+
+func (f *fakeProducer) numSent() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.sent)
+}
+
+type fakeDLQ struct {
+	mu  sync.Mutex
+	got []*Record
+	err error
+}
+
+func (d *fakeDLQ) DeadLetter(_ context.Context, r *Record, _ error) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.err != nil {
+		return d.err
+	}
+	d.got = append(d.got, r)
+	return nil
+}
