@@ -375,9 +375,8 @@ func (d *Decoder) decodeInsert(b []byte) (Message, error) {
 		}
 		s := span{kind: b[off], col: i}
 		switch s.kind {
-		case 'n':
-			off++
-		case 'u':
+		case 'n', 'u':
+			s.start, s.end = off, off
 			off++
 		case 't', 'b':
 			var l uint32
