@@ -1,0 +1,175 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// KafkaEnv is the shared Kafka cluster.
+type KafkaEnv struct {
+	Brokers []string
+}
+
+// Kafka returns the shared Kafka cluster, after checking that it answers.
+func Kafka(t testing.TB) *KafkaEnv {
+	t.Helper()
+	var brokers []string
+	for _, b := range strings.Split(setting(kafkaBrokersVar), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	if len(brokers) == 0 {
+		unavailable(t, "Kafka is not configured: %s is unset and no %s was found", kafkaBrokersVar, envFileName)
+	}
+	k := &KafkaEnv{Brokers: brokers}
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		unavailable(t, "Kafka (%s=%s) is not reachable: %v", kafkaBrokersVar, strings.Join(brokers, ","), err)
+	}
+	_ = admin.Close()
+	return k
+}
+
+// Config returns a base sarama config for the test cluster: Version set for
+// Kafka 4 (which rejects the old protocol versions sarama defaults to),
+// ClientID "outboxd-test", producer successes returned (as a SyncProducer
+// needs) and consumers starting from the oldest offset.
+func (k *KafkaEnv) Config() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	cfg.ClientID = "outboxd-test"
+	cfg.Net.DialTimeout = 5 * time.Second
+	cfg.Producer.Return.Successes = true
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+	return cfg
+}
+
+// Topic creates a uniquely named topic with the given number of partitions
+// (replication factor 1), waits until every partition has a leader, and
+// deletes the topic at cleanup.
+func (k *KafkaEnv) Topic(t testing.TB, prefix string, partitions int32) string {
+	t.Helper()
+	if partitions < 1 {
+		partitions = 1
+	}
+	name := UniqueName(prefix)
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatalf("testenv: kafka admin: %v", err)
+	}
+	defer admin.Close()
+	detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}
+	if err := admin.CreateTopic(name, detail, false); err != nil {
+		t.Fatalf("testenv: create topic %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		if err := k.deleteTopic(name); err != nil {
+			t.Logf("testenv: %v", err) // harmless: topic names are unique
+		}
+	})
+	if err := waitForLeaders(admin, name, int(partitions), 30*time.Second); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return name
+}
+
+// waitForLeaders polls the topic's metadata until all partitions have a leader.
+func waitForLeaders(admin sarama.ClusterAdmin, topic string, partitions int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		md, err := admin.DescribeTopics([]string{topic})
+		if err == nil && len(md) == 1 && errors.Is(md[0].Err, sarama.ErrNoError) && len(md[0].Partitions) == partitions {
+			ready := true
+			for _, p := range md[0].Partitions {
+				ready = ready && p.Leader >= 0 && errors.Is(p.Err, sarama.ErrNoError)
+			}
+			if ready {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topic %s: partitions without a leader after %s (last error: %v)", topic, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (k *KafkaEnv) deleteTopic(name string) error {
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		return fmt.Errorf("delete topic %s: %w", name, err)
+	}
+	defer admin.Close()
+	if err := admin.DeleteTopic(name); err != nil {
+		return fmt.Errorf("delete topic %s: %w", name, err)
+	}
+	return nil
+}
+
+// ReadAll consumes every partition of topic from the oldest offset until it
+// has want messages or timeout passes, and returns what it got (in arrival
+// order; ordered within a partition). It fails the test only if it cannot
+// consume at all: compare len(result) with want yourself.
+func (k *KafkaEnv) ReadAll(t testing.TB, topic string, want int, timeout time.Duration) []*sarama.ConsumerMessage {
+	t.Helper()
+	consumer, err := sarama.NewConsumer(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatalf("testenv: kafka consumer: %v", err)
+	}
+	defer consumer.Close()
+	partitions, err := consumer.Partitions(topic)
+	if err != nil {
+		t.Fatalf("testenv: partitions of %s: %v", topic, err)
+	}
+
+	msgs := make(chan *sarama.ConsumerMessage)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, p := range partitions {
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			close(done)
+			wg.Wait()
+			t.Fatalf("testenv: consume %s/%d: %v", topic, p, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer pc.Close()
+			for {
+				select {
+				case m := <-pc.Messages():
+					select {
+					case msgs <- m:
+					case <-done:
+						return
+					}
+				case <-done:
+					return
+				}
+			}
+		}()
+	}
+	defer wg.Wait()
+	defer close(done)
+
+	var got []*sarama.ConsumerMessage
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for len(got) < want {
+		select {
+		case m := <-msgs:
+			got = append(got, m)
+		case <-timer.C:
+			return got
+		}
+	}
+	return got
+}

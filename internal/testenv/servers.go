@@ -1,0 +1,189 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// PGServer is a private PostgreSQL server (dev/stack pg-*), for tests that
+// stop or restart it. Its methods fail the test on error, so call them from
+// the test's goroutine.
+type PGServer struct {
+	DSN  string // superuser DSN, database "postgres"
+	Dir  string // instance folder: data/, postgres.log, port
+	Port int
+
+	t testing.TB
+}
+
+// StartPostgres initialises and starts a private PostgreSQL (same settings
+// as the dev stack: wal_level=logical and so on) in a temporary folder; it
+// is stopped and removed at cleanup.
+func StartPostgres(t testing.TB) *PGServer {
+	t.Helper()
+	dir := instanceDir(t, "outboxd-pg-")
+	port := freePorts(t, 1)[0]
+	s := &PGServer{
+		DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		Dir:  dir,
+		Port: port,
+		t:    t,
+	}
+	t.Cleanup(func() {
+		if err := stack("pg-stop", dir, "immediate"); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	if err := stack("pg-init", dir, strconv.Itoa(port)); err != nil {
+		unavailable(t, "cannot create a private PostgreSQL: %v", err)
+	}
+	s.Start()
+	return s
+}
+
+// Start starts the server and waits until it accepts connections.
+func (s *PGServer) Start() {
+	s.t.Helper()
+	if err := stack("pg-start", s.Dir); err != nil {
+		s.t.Fatalf("testenv: %v", err)
+	}
+}
+
+// Stop stops the server: mode "fast" (the default when empty) or "immediate"
+// (no shutdown checkpoint: crash recovery at the next start).
+func (s *PGServer) Stop(mode string) {
+	s.t.Helper()
+	if mode == "" {
+		mode = "fast"
+	}
+	if err := stack("pg-stop", s.Dir, mode); err != nil {
+		s.t.Fatalf("testenv: %v", err)
+	}
+}
+
+// Restart stops the server with mode (see Stop) and starts it again.
+func (s *PGServer) Restart(mode string) {
+	s.t.Helper()
+	s.Stop(mode)
+	s.Start()
+}
+
+// KafkaServer is a private single-node Kafka (dev/stack kafka-*), for tests
+// that stop, kill or restart it. Its methods fail the test on error, so call
+// them from the test's goroutine.
+type KafkaServer struct {
+	Brokers []string // its one broker, 127.0.0.1:Port
+	Dir     string   // instance folder: server.properties, data/, server.log, pid
+	Port    int
+
+	t testing.TB
+}
+
+// StartKafka formats and starts a private Kafka (same settings as the dev
+// stack) in a temporary folder; it is killed and removed at cleanup.
+func StartKafka(t testing.TB) *KafkaServer {
+	t.Helper()
+	dir := instanceDir(t, "outboxd-kafka-")
+	ports := freePorts(t, 2)
+	s := &KafkaServer{
+		Brokers: []string{fmt.Sprintf("127.0.0.1:%d", ports[0])},
+		Dir:     dir,
+		Port:    ports[0],
+		t:       t,
+	}
+	t.Cleanup(func() {
+		if err := stack("kafka-stop", dir, "kill"); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	if err := stack("kafka-init", dir, strconv.Itoa(ports[0]), strconv.Itoa(ports[1])); err != nil {
+		unavailable(t, "cannot create a private Kafka: %v", err)
+	}
+	s.Start()
+	return s
+}
+
+// Start starts the broker and waits until it has started and accepts connections.
+func (s *KafkaServer) Start() {
+	s.t.Helper()
+	if err := stack("kafka-start", s.Dir); err != nil {
+		s.t.Fatalf("testenv: %v", err)
+	}
+}
+
+// Stop stops the broker gracefully (SIGTERM; SIGKILL if it takes too long).
+func (s *KafkaServer) Stop() {
+	s.t.Helper()
+	if err := stack("kafka-stop", s.Dir); err != nil {
+		s.t.Fatalf("testenv: %v", err)
+	}
+}
+
+// Kill kills the broker with SIGKILL, as a crash would.
+func (s *KafkaServer) Kill() {
+	s.t.Helper()
+	if err := stack("kafka-stop", s.Dir, "kill"); err != nil {
+		s.t.Fatalf("testenv: %v", err)
+	}
+}
+
+// stack runs dev/stack with args and returns its output in the error.
+func stack(args ...string) error {
+	wd, err := os.Getwd()
+	if err != nil {
+		return fmt.Errorf("dev/stack: %w", err)
+	}
+	goMod, ok := findUp(wd, "go.mod")
+	if !ok {
+		return fmt.Errorf("dev/stack: no go.mod above %s", wd)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(goMod), "dev", "stack"), args...)
+	cmd.WaitDelay = 5 * time.Second // never wait on a server that kept our stdout
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("dev/stack %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// instanceDir makes a temporary folder the postgres user can enter (dev/stack
+// chowns a PostgreSQL folder to it when run as root). t.TempDir is no use:
+// its parents are private to the current user.
+func instanceDir(t testing.TB, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return dir
+}
+
+// freePorts asks the kernel for n distinct free ports on 127.0.0.1.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("testenv: free port: %v", err)
+		}
+		defer l.Close() // held until all n are chosen, so they differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
