@@ -13,6 +13,7 @@ import (
 // SQLSTATE codes this package reacts to.
 const (
 	sqlstateDuplicateObject = "42710" // CREATE of a publication or slot that exists
+	sqlstateUniqueViolation = "23505" // CREATE PUBLICATION racing another: pg_publication's unique index
 	sqlstateObjectInUse     = "55006" // dropping a slot a client is streaming from
 	sqlstateUndefinedObject = "42704" // dropping a slot that was dropped meanwhile
 )

@@ -110,9 +110,10 @@ func checkPublication(p *publication, cfg Config, table *outboxTable) error {
 // Whatever create is, an existing publication must publish inserts into the
 // outbox table, with the columns outboxd reads ([ErrPublicationMismatch]), and
 // an existing slot must be usable as Preflight checks ([ErrSlotPlugin],
-// [ErrSlotLost]). A missing outbox table is [ErrTableMissing]. Before creating
-// the slot Ensure checks wal_level and the role ([ErrWALLevel],
-// [ErrNoReplicationRole]).
+// [ErrSlotLost]). A missing outbox table is [ErrTableMissing]. When it is to
+// create the slot, Ensure first checks wal_level and the role ([ErrWALLevel],
+// [ErrNoReplicationRole]), before it creates anything. Should creating the slot
+// fail nonetheless, created still lists the publication created before.
 //
 // Ensure is safe to run concurrently with itself: when another run creates an
 // object first, Ensure checks that object instead.
@@ -141,6 +142,16 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 	if err != nil {
 		return nil, err
 	}
+	if s == nil && create {
+		// Creating the slot needs both; check before creating anything, so
+		// that a failure leaves no half-done setup behind.
+		if err := checkWALLevel(ctx, conn); err != nil {
+			return nil, err
+		}
+		if err := checkRole(ctx, conn); err != nil {
+			return nil, err
+		}
+	}
 
 	switch {
 	case p == nil && s != nil:
@@ -155,7 +166,7 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 		}
 	case p == nil:
 		if err := createPublication(ctx, conn, cfg, table); err != nil {
-			if !isSQLState(err, sqlstateDuplicateObject) {
+			if !isSQLState(err, sqlstateDuplicateObject) && !isSQLState(err, sqlstateUniqueViolation) {
 				return nil, err
 			}
 			// Created concurrently: check that one.
@@ -182,12 +193,6 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 	}
 	if !create {
 		return created, slotMissingError(cfg.Slot)
-	}
-	if err := checkWALLevel(ctx, conn); err != nil {
-		return created, err
-	}
-	if err := checkRole(ctx, conn); err != nil {
-		return created, err
 	}
 	var lsn string
 	err = conn.QueryRow(ctx, `SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput', false)`,
@@ -229,7 +234,10 @@ func createPublication(ctx context.Context, conn *pgx.Conn, cfg Config, table *o
 // publication. Objects that do not exist are skipped, so Drop is idempotent.
 //
 // Drop refuses, with an [*Error] wrapping [ErrSlotActive] that carries the
-// PID, while a client streams from the slot; it then drops nothing. Dropping
+// PID, while a client streams from the slot, and with [ErrSlotPlugin] when the
+// slot is a logical slot of another database (it may serve another
+// deployment); it then drops nothing. Slots of the wrong plugin and physical
+// slots are dropped, so that the fix Preflight suggests for them works. Dropping
 // the slot discards its position: outbox rows inserted until a new slot
 // exists are not published.
 func Drop(ctx context.Context, conn *pgx.Conn, cfg Config, dropPublication bool) error {
@@ -243,6 +251,17 @@ func Drop(ctx context.Context, conn *pgx.Conn, cfg Config, dropPublication bool)
 	if s != nil {
 		if s.Active {
 			return slotActiveError(cfg.Slot, deref(s.ActivePID))
+		}
+		if s.Database != nil {
+			db, err := currentDatabase(ctx, conn)
+			if err != nil {
+				return err
+			}
+			if *s.Database != db {
+				return newError(ErrSlotPlugin, fmt.Sprintf(
+					"replication slot %q belongs to database %q, not %q, and may serve another deployment: connect to %q to drop it, or choose another --slot",
+					cfg.Slot, *s.Database, db, *s.Database))
+			}
 		}
 		if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, cfg.Slot); err != nil {
 			switch {
