@@ -1,0 +1,209 @@
+package migrations
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"go.uber.org/zap/zaptest"
+)
+
+func TestApplyIsIdempotent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	logger := zaptest.NewLogger(t)
+
+	applied, err := Apply(ctx, conn, logger)
+	if err != nil {
+		t.Fatalf("first Apply: %v", err)
+	}
+	if want := []string{"001_outbox.sql"}; !slices.Equal(applied, want) {
+		t.Fatalf("first Apply applied %q, want %q", applied, want)
+	}
+	applied, err = Apply(ctx, conn, logger)
+	if err != nil {
+		t.Fatalf("second Apply: %v", err)
+	}
+	if len(applied) != 0 {
+		t.Fatalf("second Apply applied %q, want nothing", applied)
+	}
+
+	var versions []string
+	rows, err := conn.Query(ctx, `SELECT version FROM outboxd_schema_migrations ORDER BY version`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var v string
+		if err := rows.Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		versions = append(versions, v)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"001"}; !slices.Equal(versions, want) {
+		t.Fatalf("recorded versions %q, want %q", versions, want)
+	}
+
+	cols := map[string]string{}
+	rows, err = conn.Query(ctx, `
+SELECT column_name, data_type || ':' || is_nullable
+FROM information_schema.columns
+WHERE table_schema = 'public' AND table_name = 'outbox'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var name, desc string
+		if err := rows.Scan(&name, &desc); err != nil {
+			t.Fatal(err)
+		}
+		cols[name] = desc
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"id":           "bigint:NO",
+		"aggregate_id": "text:NO",
+		"topic":        "text:NO",
+		"payload":      "jsonb:NO",
+		"created_at":   "timestamp with time zone:NO",
+	}
+	if len(cols) != len(want) {
+		t.Errorf("outbox has columns %v, want %v", cols, want)
+	}
+	for name, desc := range want {
+		if cols[name] != desc {
+			t.Errorf("column %s is %q, want %q", name, cols[name], desc)
+		}
+	}
+
+	// The table is usable as the daemon expects: defaults fill id and created_at.
+	var id int64
+	if err := conn.QueryRow(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', 't', '{}') RETURNING id`).Scan(&id); err != nil {
+		t.Fatalf("insert into outbox: %v", err)
+	}
+}
+
+// Concurrent runs serialize on the advisory lock: exactly one applies.
+func TestApplyConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	const n = 4
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total []string
+		errs  []error
+	)
+	for i := 0; i < n; i++ {
+		conn := pg.Conn(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			applied, err := Apply(ctx, conn, nil)
+			mu.Lock()
+			defer mu.Unlock()
+			total = append(total, applied...)
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) != 0 {
+		t.Fatalf("concurrent Apply failed: %v", errs)
+	}
+	if want := []string{"001_outbox.sql"}; !slices.Equal(total, want) {
+		t.Fatalf("concurrent runs applied %q in total, want %q once", total, want)
+	}
+}
+
+// A failing migration is rolled back and not recorded; the ones before it stay.
+func TestApplyStopsAtFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	fsys := fstest.MapFS{
+		"1_a.sql": {Data: []byte(`CREATE TABLE a (x int)`)},
+		"2_b.sql": {Data: []byte(`CREATE TABLE b (x int); SELECT 1/0`)},
+		"3_c.sql": {Data: []byte(`CREATE TABLE c (x int)`)},
+	}
+	applied, err := apply(ctx, conn, nil, fsys)
+	if err == nil || !strings.Contains(err.Error(), "apply 2_b.sql") {
+		t.Fatalf("apply: err = %v, want the failure of 2_b.sql", err)
+	}
+	if want := []string{"1_a.sql"}; !slices.Equal(applied, want) {
+		t.Fatalf("applied %q, want %q", applied, want)
+	}
+	var b, c bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('b') IS NOT NULL, to_regclass('c') IS NOT NULL`).Scan(&b, &c); err != nil {
+		t.Fatal(err)
+	}
+	if b || c {
+		t.Fatalf("tables b, c exist = %v, %v; want neither", b, c)
+	}
+	var versions int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outboxd_schema_migrations`).Scan(&versions); err != nil {
+		t.Fatal(err)
+	}
+	if versions != 1 {
+		t.Fatalf("%d versions recorded, want 1", versions)
+	}
+}
+
+func TestLoadOrder(t *testing.T) {
+	t.Parallel()
+	ms, err := load(fstest.MapFS{
+		"10_ten.sql":  {Data: []byte("10")},
+		"2_two.sql":   {Data: []byte("2")},
+		"001_one.sql": {Data: []byte("1")},
+		"README.md":   {Data: []byte("not a migration")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.version+"="+m.name)
+	}
+	if want := []string{"001=001_one.sql", "2=2_two.sql", "10=10_ten.sql"}; !slices.Equal(got, want) {
+		t.Fatalf("order %q, want %q", got, want)
+	}
+}
+
+func TestLoadRejectsAmbiguousNames(t *testing.T) {
+	t.Parallel()
+	for name, fsys := range map[string]fstest.MapFS{
+		"duplicate number": {"1_a.sql": {}, "001_b.sql": {}},
+		"no number":        {"outbox.sql": {}},
+		"signed number":    {"+1_a.sql": {}},
+		"no files":         {},
+	} {
+		if _, err := load(fsys); err == nil {
+			t.Errorf("%s: load succeeded, want an error", name)
+		}
+	}
+}
+
+func TestEmbeddedFilesLoad(t *testing.T) {
+	t.Parallel()
+	ms, err := load(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) == 0 || ms[0].name != "001_outbox.sql" {
+		t.Fatalf("embedded migrations %v, want 001_outbox.sql first", ms)
+	}
+}
