@@ -131,7 +131,8 @@ type Decoder struct {
 	inTxn         bool
 	// interned holds recent topic and event type strings, so that an
 	// Event's Topic and EventType do not allocate.
-	interned map[string]string
+	interned                 map[string]string
+	lastTopic, lastEventType string
 }
 
 // Bounds of the intern table.
@@ -469,10 +470,10 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	}
 
 	if s := spans[roleTopic]; s.kind == 't' {
-		ev.Topic = d.intern(b[s.start:s.end])
+		ev.Topic = d.intern(b[s.start:s.end], &d.lastTopic)
 	}
 	if s := spans[roleEventType]; s.kind == 't' {
-		ev.EventType = d.intern(b[s.start:s.end])
+		ev.EventType = d.intern(b[s.start:s.end], &d.lastEventType)
 	}
 	if s := spans[roleCreatedAt]; s.kind == 't' {
 		v := b[s.start:s.end]
@@ -484,15 +485,20 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 }
 
 // intern returns v as a string, reusing an earlier string with the same
-// bytes when there is one.
-func (d *Decoder) intern(v []byte) string {
-	if s, ok := d.interned[string(v)]; ok {
-		return s
+// bytes when there is one: *last (the previous value of the same column)
+// or one in the intern table.
+func (d *Decoder) intern(v []byte, last *string) string {
+	if string(v) == *last {
+		return *last
 	}
-	s := string(v)
-	if len(d.interned) < maxInterned && len(s) <= maxInternedLen {
-		d.interned[s] = s
+	s, ok := d.interned[string(v)]
+	if !ok {
+		s = string(v)
+		if len(d.interned) < maxInterned && len(s) <= maxInternedLen {
+			d.interned[s] = s
+		}
 	}
+	*last = s
 	return s
 }
 
