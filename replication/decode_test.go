@@ -1084,28 +1084,43 @@ func refEvent(cols Columns, rel *pglogrepl.RelationMessage, ins *pglogrepl.Inser
 	return ev, true, ""
 }
 
-var isoTimestamp = regexp.MustCompile(`^(\d{4})-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,9})?(([+-])(\d\d)(:\d\d(:\d\d)?)?)?$`)
+var isoTimestamp = regexp.MustCompile(`^(\d{4,9})(-\d\d-\d\d \d\d:\d\d:\d\d(\.\d{1,9})?)(([+-])(\d\d)(:\d\d(:\d\d)?)?)?$`)
 
-// refTimestamp parses Postgres's ISO timestamp output with time.Parse.
+// refTimestamp parses Postgres's ISO timestamp output with time.Parse, which
+// only knows four-digit years: the year is parsed apart and a stand-in year
+// with the same leap-ness goes to time.Parse.
 func refTimestamp(s string) (time.Time, bool) {
 	m := isoTimestamp.FindStringSubmatch(s)
-	if m == nil || m[1] == "0000" {
+	if m == nil {
 		return time.Time{}, false
+	}
+	year, _ := strconv.Atoi(m[1])
+	if year < 1 {
+		return time.Time{}, false
+	}
+	standIn := "2001"
+	if time.Date(year, 2, 29, 0, 0, 0, 0, time.UTC).Day() == 29 {
+		standIn = "2000"
 	}
 	layout := "2006-01-02 15:04:05.999999999"
 	switch {
-	case m[3] == "":
-	case m[5] > "15": // Postgres offsets stay within ±15:59:59
+	case m[4] == "":
+	case m[6] > "15": // Postgres offsets stay within ±15:59:59
 		return time.Time{}, false
-	case m[7] != "":
+	case m[8] != "":
 		layout += "-07:00:00"
-	case m[6] != "":
+	case m[7] != "":
 		layout += "-07:00"
 	default:
 		layout += "-07"
 	}
-	t, err := time.Parse(layout, s)
-	return t, err == nil
+	t, err := time.Parse(layout, standIn+m[2]+m[4])
+	if err != nil {
+		return time.Time{}, false
+	}
+	_, offset := t.Zone()
+	t = time.Date(year, t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+	return t.Add(-time.Duration(offset) * time.Second), true
 }
 
 func TestDecodeDifferential(t *testing.T) {
