@@ -7,8 +7,8 @@
 //     of an XLogData message; protocol version 1, text format, no streaming)
 //     into a Message — the Begin of a transaction, an Event for each row
 //     inserted into the outbox table, the Commit — and keeps the relation
-//     cache and the transaction state it needs to do so. It does no I/O and
-//     allocates little: the Event's own fields and nothing else.
+//     cache and the transaction state it needs to do so. It does no I/O, and
+//     for an Insert it allocates the Event's own fields and nothing else.
 //   - The stream, which owns the replication connection: it starts
 //     replication from a slot, feeds the messages it receives to a Decoder,
 //     and confirms positions back to the server.
