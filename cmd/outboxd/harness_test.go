@@ -1,0 +1,453 @@
+package main
+
+// The end-to-end tests run the real outboxd binary against the real
+// PostgreSQL and Kafka of the dev stack (or private servers they start), and
+// kill it for real where a crash is the point.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/migrations"
+)
+
+var binPath string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "outboxd-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binPath = filepath.Join(dir, "outboxd")
+	build := exec.Command("go", "build", "-race", "-o", binPath, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build outboxd:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuffer collects a process's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// daemon is one outboxd process.
+type daemon struct {
+	t    testing.TB
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	code int
+}
+
+func startDaemon(t testing.TB, args ...string) *daemon {
+	t.Helper()
+	d := &daemon{t: t, out: &syncBuffer{}, done: make(chan struct{})}
+	d.cmd = exec.Command(binPath, args...)
+	d.cmd.Env = cleanEnv()
+	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("start outboxd: %v", err)
+	}
+	go func() {
+		_ = d.cmd.Wait()
+		d.code = d.cmd.ProcessState.ExitCode()
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			_ = d.cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("outboxd pid %d output:\n%s", d.cmd.Process.Pid, d.out.String())
+		}
+	})
+	return d
+}
+
+// cleanEnv is the environment without OUTBOXD_* settings, so only the flags
+// a test passes count.
+func cleanEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "OUTBOXD_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+func (d *daemon) pid() int { return d.cmd.Process.Pid }
+
+func (d *daemon) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (d *daemon) wait(timeout time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+		return d.code
+	case <-time.After(timeout):
+		d.t.Fatalf("outboxd did not exit within %s", timeout)
+		return -1
+	}
+}
+
+func (d *daemon) kill9() {
+	d.t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	d.wait(10 * time.Second)
+}
+
+// stop sends SIGTERM and asserts a clean exit.
+func (d *daemon) stop() {
+	d.t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	if code := d.wait(60 * time.Second); code != 0 {
+		d.t.Fatalf("outboxd exited %d after SIGTERM, want 0", code)
+	}
+}
+
+// waitLog waits until the output contains s.
+func (d *daemon) waitLog(s string, timeout time.Duration) {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !strings.Contains(d.out.String(), s) {
+		if time.Now().After(deadline) {
+			d.t.Fatalf("outboxd did not log %q within %s", s, timeout)
+		}
+		if d.exited() {
+			d.t.Fatalf("outboxd exited (%d) before logging %q", d.code, s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// peakRSS is the process's peak resident set size in bytes.
+func (d *daemon) peakRSS() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.pid()))
+	if err != nil {
+		return -1
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return -1
+}
+
+// env is one test's outbox: its own database, slot, publication and topic.
+type env struct {
+	t       testing.TB
+	dsn     string
+	brokers []string
+	topic   string
+	slot    string
+}
+
+func newEnv(t testing.TB, partitions int32) *env {
+	t.Helper()
+	pg := testenv.Postgres(t)
+	k := testenv.Kafka(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: k.Brokers, topic: k.Topic(t, "e2e", partitions), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	return e
+}
+
+func (e *env) migrate() {
+	e.t.Helper()
+	conn := e.conn()
+	defer conn.Close(context.Background())
+	if _, err := migrations.Apply(context.Background(), conn, zap.NewNop()); err != nil {
+		e.t.Fatalf("migrate: %v", err)
+	}
+}
+
+func (e *env) conn() *pgx.Conn {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		e.t.Fatalf("connect: %v", err)
+	}
+	return c
+}
+
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	if _, err := c.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (e *env) args(extra ...string) []string {
+	a := []string{"run", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
+		"--slot", e.slot, "--publication", e.slot, "--status-interval", "200ms",
+		"--restart-backoff-min", "200ms", "--restart-backoff-max", "2s", "--standby-poll-interval", "500ms"}
+	return append(a, extra...)
+}
+
+func (e *env) start(extra ...string) *daemon {
+	e.t.Helper()
+	d := startDaemon(e.t, e.args(extra...)...)
+	d.waitLog("streaming", 60*time.Second)
+	return d
+}
+
+// load writes total outbox rows from writers concurrent writers, each owning
+// its own aggregates (so per key, commit order is id order), in transactions
+// of 1..maxTxn rows.
+type load struct {
+	writers, aggregates, total, maxTxn int
+	pause                              time.Duration // between transactions
+}
+
+func (e *env) write(ctx context.Context, l load) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, l.writers)
+	per := l.total / l.writers
+	for w := 0; w < l.writers; w++ {
+		n := per
+		if w == l.writers-1 {
+			n = l.total - per*(l.writers-1)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- e.writer(ctx, w, n, l)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *env) writer(ctx context.Context, w, n int, l load) error {
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	rng := rand.New(rand.NewPCG(uint64(w), 42))
+	seq := 0
+	for seq < n {
+		size := min(1+rng.IntN(l.maxTxn), n-seq)
+		aggs := make([]string, size)
+		payloads := make([]string, size)
+		for i := range size {
+			a := w + l.writers*rng.IntN(max(1, l.aggregates/l.writers))
+			aggs[i] = fmt.Sprintf("agg-%d", a)
+			payloads[i] = fmt.Sprintf(`{"writer": %d, "seq": %d, "note": "ünïcode \"quoted\""}`, w, seq+i)
+		}
+		_, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload)
+			SELECT a, $1, p::jsonb FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS t(a, p, o) ORDER BY o`,
+			e.topic, aggs, payloads)
+		if err != nil {
+			return fmt.Errorf("writer %d: %w", w, err)
+		}
+		seq += size
+		if l.pause > 0 {
+			time.Sleep(l.pause)
+		}
+	}
+	return nil
+}
+
+// row is an outbox row as stored.
+type row struct {
+	agg, payload, topic string
+}
+
+func (e *env) rows() map[int64]row {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	rs, err := c.Query(context.Background(), `SELECT id, aggregate_id, payload::text, topic FROM outbox`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[int64]row{}
+	for rs.Next() {
+		var id int64
+		var r row
+		if err := rs.Scan(&id, &r.agg, &r.payload, &r.topic); err != nil {
+			e.t.Fatal(err)
+		}
+		out[id] = r
+	}
+	if rs.Err() != nil {
+		e.t.Fatal(rs.Err())
+	}
+	return out
+}
+
+// consume reads topic from the oldest offset until every id in want was seen
+// and nothing new arrived for quiet, or timeout.
+func consume(t testing.TB, brokers []string, topic string, want map[int64]row, timeout time.Duration) []*sarama.ConsumerMessage {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	c, err := sarama.NewConsumer(brokers, cfg)
+	if err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	defer c.Close()
+	parts, err := c.Partitions(topic)
+	if err != nil {
+		t.Fatalf("partitions: %v", err)
+	}
+	msgs := make(chan *sarama.ConsumerMessage, 1024)
+	for _, p := range parts {
+		pc, err := c.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatalf("consume: %v", err)
+		}
+		defer pc.Close()
+		go func() {
+			for m := range pc.Messages() {
+				msgs <- m
+			}
+		}()
+	}
+	var got []*sarama.ConsumerMessage
+	seen := map[int64]bool{}
+	deadline := time.After(timeout)
+	const quiet = 1500 * time.Millisecond
+	for {
+		q := time.After(quiet)
+		if len(seen) < len(want) {
+			q = nil
+		}
+		select {
+		case m := <-msgs:
+			got = append(got, m)
+			if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+				seen[id] = true
+			}
+		case <-q:
+			return got
+		case <-deadline:
+			t.Logf("consume: timeout with %d of %d ids seen", len(seen), len(want))
+			return got
+		}
+	}
+}
+
+func header(m *sarama.ConsumerMessage, key string) string {
+	for _, h := range m.Headers {
+		if string(h.Key) == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+type verdict struct {
+	lost, duplicated, reordered, corrupt int
+}
+
+func (v verdict) String() string {
+	return fmt.Sprintf("lost=%d duplicated=%d reordered=%d corrupt=%d", v.lost, v.duplicated, v.reordered, v.corrupt)
+}
+
+// verify compares what Kafka holds with the outbox: every row present with
+// key, value and headers byte-exact; per key, first deliveries in id order
+// (= commit order, since each key has one sequential writer).
+func verify(t testing.TB, want map[int64]row, got []*sarama.ConsumerMessage) verdict {
+	t.Helper()
+	var v verdict
+	seen := map[int64]int{}
+	// Per partition in offset order; keys never span partitions.
+	byPart := map[int32][]*sarama.ConsumerMessage{}
+	for _, m := range got {
+		byPart[m.Partition] = append(byPart[m.Partition], m)
+	}
+	for _, ms := range byPart {
+		maxID := map[string]int64{}
+		for _, m := range ms {
+			id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64)
+			r, ok := want[id]
+			if err != nil || !ok {
+				v.corrupt++
+				continue
+			}
+			if string(m.Key) != r.agg || string(m.Value) != r.payload || header(m, "aggregate-id") != r.agg {
+				if v.corrupt < 3 {
+					t.Logf("corrupt record id %d: key %q value %q, want %q %q", id, m.Key, m.Value, r.agg, r.payload)
+				}
+				v.corrupt++
+			}
+			seen[id]++
+			if seen[id] > 1 {
+				v.duplicated++
+				continue
+			}
+			if id < maxID[r.agg] {
+				v.reordered++
+			}
+			maxID[r.agg] = max(maxID[r.agg], id)
+		}
+	}
+	for id := range want {
+		if seen[id] == 0 {
+			v.lost++
+		}
+	}
+	return v
+}

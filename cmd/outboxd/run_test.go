@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+func TestRunPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 6)
+	d := e.start()
+	if err := e.write(context.Background(), load{writers: 4, aggregates: 200, total: 10000, maxTxn: 500}); err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	t.Logf("clean run, 10000 events: %s", v)
+	if v != (verdict{}) {
+		t.Fatalf("clean run: %s, want all zero", v)
+	}
+	d.stop()
+}
+
+func TestRunCleanStopAndRestartLosesAndDuplicatesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	d := e.start()
+	ctx := context.Background()
+	writeDone := make(chan error, 1)
+	go func() {
+		writeDone <- e.write(ctx, load{writers: 2, aggregates: 50, total: 4000, maxTxn: 20, pause: 2 * time.Millisecond})
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	d.stop() // mid-stream
+	d = e.start()
+	if err := <-writeDone; err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	t.Logf("clean stop and restart mid-stream: %s", v)
+	if v != (verdict{}) {
+		t.Fatalf("after a clean restart: %s, want all zero", v)
+	}
+	d.stop()
+}
+
+func TestRunKill9FiveTimesLosesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writeDone := make(chan error, 1)
+	go func() {
+		writeDone <- e.write(ctx, load{writers: 2, aggregates: 60, total: 6000, maxTxn: 30, pause: 3 * time.Millisecond})
+	}()
+	for i := 0; i < 5; i++ {
+		d := e.start()
+		time.Sleep(time.Duration(500+rand.IntN(1000)) * time.Millisecond)
+		d.kill9()
+	}
+	d := e.start()
+	if err := <-writeDone; err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	t.Logf("kill -9 five times mid-stream, %d events: %s", len(want), v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after kill -9: %s, want nothing lost, reordered or corrupt", v)
+	}
+	d.stop()
+}
+
+func TestRunSurvivesKafkaOutage(t *testing.T) {
+	t.Parallel()
+	ks := testenv.StartKafka(t)
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("outage"), slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.topic, 3)
+	e.migrate()
+	d := e.start()
+	ctx := context.Background()
+	writeDone := make(chan error, 1)
+	go func() {
+		writeDone <- e.write(ctx, load{writers: 2, aggregates: 40, total: 3000, maxTxn: 10, pause: 5 * time.Millisecond})
+	}()
+	time.Sleep(2 * time.Second)
+	ks.Stop()
+	time.Sleep(30 * time.Second)
+	if d.exited() {
+		t.Fatalf("outboxd exited (%d) while Kafka was down", d.code)
+	}
+	ks.Start()
+	if err := <-writeDone; err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 3*time.Minute))
+	t.Logf("Kafka stopped 30 s under load, %d events: %s", len(want), v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after a Kafka outage: %s", v)
+	}
+	if d.exited() {
+		t.Fatalf("outboxd exited (%d)", d.code)
+	}
+	if !strings.Contains(d.out.String(), "restarting pipeline") {
+		t.Errorf("no pipeline restart was logged during the outage")
+	}
+	d.stop()
+}
+
+func TestRunSurvivesPostgresRestart(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPostgres(t)
+	k := testenv.Kafka(t)
+	e := &env{t: t, dsn: ps.DSN, brokers: k.Brokers, topic: k.Topic(t, "pgrestart", 3), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	d := e.start()
+	ctx := context.Background()
+	if err := e.write(ctx, load{writers: 2, aggregates: 40, total: 3000, maxTxn: 100}); err != nil {
+		t.Fatal(err)
+	}
+	ps.Restart("fast") // under load: outboxd is still publishing the backlog
+	if err := e.write(ctx, load{writers: 2, aggregates: 40, total: 2000, maxTxn: 100}); err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	t.Logf("Postgres fast restart under load, %d events: %s", len(want), v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after a Postgres restart: %s", v)
+	}
+	d.stop()
+}
+
+func TestRunIdleOutboxDoesNotPinWAL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	d := e.start()
+	e.exec(`CREATE TABLE filler (id bigserial primary key, pad text)`)
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	var start string
+	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	retained := func() (written, kept int64) {
+		err := c.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $2::pg_lsn)::bigint,
+			pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+			FROM pg_replication_slots WHERE slot_name = $1`, e.slot, start).Scan(&written, &kept)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	var maxKept int64
+	for {
+		written, kept := retained()
+		maxKept = max(maxKept, kept)
+		if written >= 256<<20 {
+			break
+		}
+		if _, err := c.Exec(ctx, `INSERT INTO filler (pad) SELECT repeat('x', 1000) FROM generate_series(1, 20000)`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// restart_lsn moves at the server's next running-xacts record (≤ 15 s).
+	deadline := time.Now().Add(45 * time.Second)
+	var kept int64
+	for {
+		_, kept = retained()
+		if kept < 64<<20 || time.Now().After(deadline) {
+			break
+		}
+		if _, err := c.Exec(ctx, `INSERT INTO filler (pad) VALUES ('tick')`); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("idle outbox, ≥256 MB of other WAL: slot retains %d kB at the end (max seen while writing %d kB)", kept>>10, maxKept>>10)
+	if kept >= 64<<20 {
+		t.Fatalf("slot retains %d MB of WAL with an idle outbox, want < 64 MB", kept>>20)
+	}
+	d.stop()
+}
+
+func TestRunStandbyTakesOverWhenActiveIsKilled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	a := e.start()
+	b := startDaemon(t, e.args()...)
+	b.waitLog("standby: another process holds the slot", 30*time.Second)
+	ctx := context.Background()
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 1000, maxTxn: 10}); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	a.kill9()
+	b.waitLog("streaming", 15*time.Second)
+	took := time.Since(killed)
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 1000, maxTxn: 10}); err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	t.Logf("standby took over %.1f s after the active instance was killed; %d events: %s", took.Seconds(), len(want), v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after takeover: %s", v)
+	}
+	if n := strings.Count(b.out.String(), "standby: another process holds the slot"); n != 1 {
+		t.Errorf("standby logged %d times, want once", n)
+	}
+	b.stop()
+}
+
+func TestRunPublishesOneHugeTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 6)
+	d := e.start()
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (g % 1000), $1, jsonb_build_object('n', g, 'pad', repeat('y', 100))
+		FROM generate_series(1, 200000) g`, e.topic)
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 4*time.Minute))
+	rss := d.peakRSS()
+	t.Logf("one transaction of 200000 rows: %s; outboxd peak RSS %d MiB", v, rss>>20)
+	if v != (verdict{}) {
+		t.Fatalf("huge transaction: %s", v)
+	}
+	d.stop()
+}
+
+// createTopic creates a topic on a private cluster.
+func createTopic(t testing.TB, brokers []string, name string, partitions int32) {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	admin, err := sarama.NewClusterAdmin(brokers, cfg)
+	if err != nil {
+		t.Fatalf("admin: %v", err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+		t.Fatalf("create topic: %v", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		md, err := admin.DescribeTopics([]string{name})
+		if err == nil && len(md) == 1 && md[0].Err == sarama.ErrNoError && len(md[0].Partitions) == int(partitions) {
+			ok := true
+			for _, p := range md[0].Partitions {
+				ok = ok && p.Leader >= 0
+			}
+			if ok {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("topic %s has no leaders", name)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
