@@ -9,9 +9,9 @@ STACK := dev/stack
 
 all: build
 
-## build: compile the binaries under cmd/
+## build: compile the binaries under cmd/ into bin/
 build:
-	$(GO) build ./cmd/...
+	$(GO) build -o bin/ ./cmd/...
 
 ## deps: install apt packages if missing, fetch the Kafka jars and Go modules
 deps:

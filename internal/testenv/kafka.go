@@ -26,12 +26,12 @@ func Kafka(t testing.TB) *KafkaEnv {
 		}
 	}
 	if len(brokers) == 0 {
-		unavailable(t, "Kafka is not configured: %s is unset and no %s was found", kafkaBrokersVar, envFileName)
+		unavailable(t, hintKafka, "Kafka is not configured: %s is unset and no %s was found", kafkaBrokersVar, envFileName)
 	}
 	k := &KafkaEnv{Brokers: brokers}
 	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
 	if err != nil {
-		unavailable(t, "Kafka (%s=%s) is not reachable: %v", kafkaBrokersVar, strings.Join(brokers, ","), err)
+		unavailable(t, hintKafka, "Kafka (%s=%s) is not reachable: %v", kafkaBrokersVar, strings.Join(brokers, ","), err)
 	}
 	_ = admin.Close()
 	return k

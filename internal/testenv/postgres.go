@@ -25,13 +25,13 @@ func Postgres(t testing.TB) *PG {
 	t.Helper()
 	admin := setting(pgDSNVar)
 	if admin == "" {
-		unavailable(t, "PostgreSQL is not configured: %s is unset and no %s was found", pgDSNVar, envFileName)
+		unavailable(t, hintPG, "PostgreSQL is not configured: %s is unset and no %s was found", pgDSNVar, envFileName)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		unavailable(t, "PostgreSQL (%s) is not reachable: %v", pgDSNVar, err)
+		unavailable(t, hintPG, "PostgreSQL (%s) is not reachable: %v", pgDSNVar, err)
 	}
 	defer conn.Close(ctx)
 

@@ -44,7 +44,7 @@ func StartPostgres(t testing.TB) *PGServer {
 		_ = os.RemoveAll(dir)
 	})
 	if err := stack("pg-init", dir, strconv.Itoa(port)); err != nil {
-		unavailable(t, "cannot create a private PostgreSQL: %v", err)
+		unavailable(t, hintPrivate, "cannot create a private PostgreSQL: %v", err)
 	}
 	s.Start()
 	return s
@@ -107,7 +107,7 @@ func StartKafka(t testing.TB) *KafkaServer {
 		_ = os.RemoveAll(dir)
 	})
 	if err := stack("kafka-init", dir, strconv.Itoa(ports[0]), strconv.Itoa(ports[1])); err != nil {
-		unavailable(t, "cannot create a private Kafka: %v", err)
+		unavailable(t, hintPrivate, "cannot create a private Kafka: %v", err)
 	}
 	s.Start()
 	return s

@@ -108,11 +108,18 @@ func readEnvFile(path string) (map[string]string, error) {
 	return env, nil
 }
 
+// Hints that unavailable appends to its message.
+const (
+	hintPG      = "run `make up`, or set " + pgDSNVar + " to your own server"
+	hintKafka   = "run `make up`, or set " + kafkaBrokersVar + " to your own brokers"
+	hintPrivate = "run `make deps` (dev/stack needs PostgreSQL, Java and Maven)"
+)
+
 // unavailable skips the test, or fails it under CI=true, because a server it
-// needs is not configured or not reachable.
-func unavailable(t testing.TB, format string, args ...any) {
+// needs is not configured, not reachable or cannot be started.
+func unavailable(t testing.TB, hint, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...) + "; run `make up` (or set " + pgDSNVar + " / " + kafkaBrokersVar + ")"
+	msg := fmt.Sprintf(format, args...) + "; " + hint
 	if os.Getenv("CI") == "true" {
 		t.Fatalf("testenv: %s", msg)
 	}
