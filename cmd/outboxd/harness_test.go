@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -398,6 +399,21 @@ func header(m *sarama.ConsumerMessage, key string) string {
 	return ""
 }
 
+// ranges prints sorted ids as "a-b c-d ..." (first 20 runs).
+func ranges(ids []int64) string {
+	var b strings.Builder
+	runs := 0
+	for i := 0; i < len(ids) && runs < 20; runs++ {
+		j := i
+		for j+1 < len(ids) && ids[j+1] == ids[j]+1 {
+			j++
+		}
+		fmt.Fprintf(&b, "%d-%d ", ids[i], ids[j])
+		i = j + 1
+	}
+	return b.String()
+}
+
 type verdict struct {
 	lost, duplicated, reordered, corrupt int
 }
@@ -444,10 +460,16 @@ func verify(t testing.TB, want map[int64]row, got []*sarama.ConsumerMessage) ver
 			maxID[r.agg] = max(maxID[r.agg], id)
 		}
 	}
+	var missing []int64
 	for id := range want {
 		if seen[id] == 0 {
 			v.lost++
+			missing = append(missing, id)
 		}
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		t.Logf("missing ids: %s", ranges(missing))
 	}
 	return v
 }

@@ -91,9 +91,8 @@ func cmdRun(ctx context.Context, args []string) error {
 		})
 	}
 	err = g.Run()
-	var sig run.SignalError
-	if errors.As(err, &sig) {
-		logger.Info("stopped on signal", zap.Stringer("signal", sig.Signal))
+	if errors.Is(err, run.ErrSignal) {
+		logger.Info("stopped", zap.String("reason", err.Error()))
 		return nil
 	}
 	return err

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// lastLine is the last line a process printed.
+func lastLine(out string) string {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+// expectExit runs outboxd to completion and asserts exit code 1 and the
+// exact error line.
+func expectExit(t *testing.T, want string, args ...string) {
+	t.Helper()
+	d := startDaemon(t, args...)
+	code := d.wait(90 * time.Second)
+	got := lastLine(d.out.String())
+	if code != 1 || got != "outboxd: "+want {
+		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and:\n  outboxd: %s", code, got, want)
+	}
+}
+
+func TestRunPreflightErrors(t *testing.T) {
+	t.Parallel()
+	k := testenv.Kafka(t)
+	brokers := strings.Join(k.Brokers, ",")
+	args := func(dsn, slot string, extra ...string) []string {
+		return append([]string{"run", "--pg-dsn", dsn, "--kafka-brokers", brokers, "--slot", slot, "--publication", slot}, extra...)
+	}
+
+	t.Run("table missing", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.Postgres(t)
+		expectExit(t, `outbox table public.outbox does not exist: run "outboxd migrate" or create it`,
+			args(pg.DSN, testenv.UniqueName("slot"))...)
+	})
+	t.Run("column missing", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.Postgres(t)
+		pg.Exec(t, `CREATE TABLE outbox (id bigserial primary key, topic text, payload jsonb)`)
+		expectExit(t, `outbox table public.outbox has no column "aggregate_id": add it (see migrations/001_outbox.sql)`,
+			args(pg.DSN, testenv.UniqueName("slot"))...)
+	})
+	t.Run("role without replication", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		role := testenv.UniqueName("norepl")
+		e.exec(fmt.Sprintf(`CREATE ROLE %s LOGIN`, role))
+		t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE %s`, role, role)) })
+		dsn := strings.Replace(e.dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
+		expectExit(t, fmt.Sprintf(`role %q lacks the REPLICATION attribute: ALTER ROLE %s REPLICATION (or use a role that has it)`, role, role),
+			args(dsn, e.slot)...)
+	})
+	t.Run("slot with another plugin", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		e.exec(`SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.slot)
+		expectExit(t, fmt.Sprintf(`replication slot %q uses plugin "test_decoding", outboxd needs "pgoutput": drop it with "outboxd slot drop" or choose another --slot`, e.slot),
+			args(e.dsn, e.slot)...)
+	})
+	t.Run("slot missing with no-create", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		expectExit(t, fmt.Sprintf(`replication slot %q and publication %q do not exist: run "outboxd slot create" or start without --no-create`, e.slot, e.slot),
+			args(e.dsn, e.slot, "--no-create")...)
+	})
+	t.Run("no brokers", func(t *testing.T) {
+		t.Parallel()
+		expectExit(t, `invalid configuration: no Kafka brokers: set --kafka-brokers (host:port,...)`,
+			"run", "--pg-dsn", "postgres://127.0.0.1:1/x")
+	})
+	t.Run("wal_level replica", func(t *testing.T) {
+		t.Parallel()
+		ps := testenv.StartPostgres(t)
+		e := &env{t: t, dsn: ps.DSN, slot: testenv.UniqueName("slot")}
+		e.migrate()
+		e.exec(`ALTER SYSTEM SET wal_level = replica`)
+		ps.Restart("fast")
+		expectExit(t, `wal_level is "replica", outboxd needs "logical": set wal_level = logical in postgresql.conf and restart PostgreSQL`,
+			args(ps.DSN, e.slot)...)
+	})
+}
+
+// topicWithConfig creates a topic with topic-level settings.
+func topicWithConfig(t *testing.T, brokers []string, cfg map[string]*string) string {
+	t.Helper()
+	name := testenv.UniqueName("poison")
+	sc := sarama.NewConfig()
+	sc.Version = sarama.V4_1_0_0
+	admin, err := sarama.NewClusterAdmin(brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: cfg}, false); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if a, err := sarama.NewClusterAdmin(brokers, sc); err == nil {
+			_ = a.DeleteTopic(name)
+			a.Close()
+		}
+	})
+	return name
+}
+
+func ptr(s string) *string { return &s }
+
+func TestRunPoisonEvents(t *testing.T) {
+	t.Parallel()
+	big := `{"pad": "` + strings.Repeat("z", 2000) + `"}`
+	size := func(agg, payload string) int { return len(agg)*2 + len(payload) + len("outbox-id") + 1 + len("aggregate-id") }
+
+	t.Run("too large halts", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		e.topic = topicWithConfig(t, e.brokers, map[string]*string{"max.message.bytes": ptr("1000")})
+		d := e.start()
+		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2)`, e.topic, big)
+		code := d.wait(60 * time.Second)
+		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: kafka server: Message was too large, server rejected it to avoid allocation error; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
+			e.topic, size("agg-1", big))
+		if got := lastLine(d.out.String()); code != 1 || got != want {
+			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)
+		}
+	})
+	t.Run("unknown topic halts", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		d := e.start()
+		missing := testenv.UniqueName("nosuchtopic")
+		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, missing)
+		code := d.wait(90 * time.Second)
+		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: %s: kafka server: Request was for a topic or partition that does not exist on this broker; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
+			missing, size("agg-1", "{}"), missing)
+		if got := lastLine(d.out.String()); code != 1 || got != want {
+			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)
+		}
+	})
+	t.Run("dead-letter topic takes it and the stream goes on", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		k := testenv.Kafka(t)
+		dlq := k.Topic(t, "dlq", 1)
+		e.topic = topicWithConfig(t, e.brokers, map[string]*string{"max.message.bytes": ptr("1000")})
+		d := e.start("--dead-letter-topic", dlq)
+		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2), ('agg-1', $1, '{"ok": true}')`, e.topic, big)
+		good := k.ReadAll(t, e.topic, 1, 60*time.Second)
+		dead := k.ReadAll(t, dlq, 1, 60*time.Second)
+		if len(good) != 1 || string(good[0].Value) != `{"ok": true}` {
+			t.Fatalf("main topic got %d records, want the good one", len(good))
+		}
+		if len(dead) != 1 || header(dead[0], "outbox-id") != "1" || string(dead[0].Key) != "agg-1" ||
+			!strings.Contains(header(dead[0], "outboxd-error"), "Message was too large") ||
+			header(dead[0], "outboxd-original-topic") != e.topic || header(dead[0], "outboxd-payload-omitted") != "true" {
+			t.Fatalf("dead-letter record %+v", dead)
+		}
+		d.stop()
+		// Both were confirmed: a restart re-sends nothing.
+		d = e.start("--dead-letter-topic", dlq)
+		time.Sleep(2 * time.Second)
+		if n := len(k.ReadAll(t, e.topic, 2, 3*time.Second)); n != 1 {
+			t.Fatalf("main topic has %d records after restart, want 1 (nothing re-sent)", n)
+		}
+		if n := len(k.ReadAll(t, dlq, 2, 3*time.Second)); n != 1 {
+			t.Fatalf("dead-letter topic has %d records after restart, want 1", n)
+		}
+		d.stop()
+	})
+}
