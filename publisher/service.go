@@ -3,6 +3,7 @@ package publisher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,9 @@ type Service struct {
 	m     *Metrics
 	deps  Deps
 	state atomic.Int32
+	// lastPID is the server process of the previous session's replication
+	// connection (Run's goroutine only).
+	lastPID int
 }
 
 // NewService builds a service. m may be nil.
@@ -99,6 +103,12 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		var inUse *replication.SlotInUseError
 		switch {
+		case errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID:
+			// Our own previous walsender has not exited yet: not a standby.
+			if !sleep(ctx, s.cfg.RestartBackoffMin) {
+				return nil
+			}
+			continue
 		case errors.As(err, &inUse):
 			if inUse.PID != standbyPID {
 				s.log.Info("standby: another process holds the slot; waiting to take over",
@@ -160,9 +170,12 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 		if errors.Is(err, replication.ErrSlotInUse) || isFatal(err) {
 			return err
 		}
-		return errors.Join(errSourceOpen, err)
+		return fmt.Errorf("%w: %w", errSourceOpen, err)
 	}
 	defer src.Close()
+	if p, ok := src.(interface{ BackendPID() int }); ok {
+		s.lastPID = p.BackendPID()
+	}
 	if *standbyPID >= 0 {
 		s.log.Info("taking over: the slot is free", zap.Int("previous_pid", *standbyPID))
 		*standbyPID = -1
@@ -170,14 +183,14 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 
 	prod, err := s.deps.NewProducer()
 	if err != nil {
-		return errors.Join(errProducerOpen, err)
+		return fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
 	var dlq DeadLetterer
 	if s.deps.NewDeadLetterer != nil {
 		if dlq, err = s.deps.NewDeadLetterer(); err != nil {
 			prod.Close()
 			drainResults(prod)
-			return errors.Join(errProducerOpen, err)
+			return fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
 		if c, ok := dlq.(io.Closer); ok {
 			defer c.Close()
@@ -231,7 +244,7 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 		if isFatal(sErr) {
 			return sErr
 		}
-		return errors.Join(errSource, sErr)
+		return fmt.Errorf("%w: %w", errSource, sErr)
 	}
 	return plErr
 }

@@ -81,6 +81,9 @@ func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, erro
 	return s, nil
 }
 
+// BackendPID is the server process serving this stream.
+func (s *Stream) BackendPID() int { return int(s.conn.PID()) }
+
 // StartLSN is the slot's confirmed position the stream started from.
 func (s *Stream) StartLSN() pglogrepl.LSN { return s.start }
 

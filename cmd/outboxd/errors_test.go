@@ -118,7 +118,9 @@ func ptr(s string) *string { return &s }
 func TestRunPoisonEvents(t *testing.T) {
 	t.Parallel()
 	big := `{"pad": "` + strings.Repeat("z", 2000) + `"}`
-	size := func(agg, payload string) int { return len(agg)*2 + len(payload) + len("outbox-id") + 1 + len("aggregate-id") }
+	size := func(agg, payload string) int {
+		return len(agg)*2 + len(payload) + len("outbox-id") + 1 + len("aggregate-id")
+	}
 
 	t.Run("too large halts", func(t *testing.T) {
 		t.Parallel()

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -281,4 +283,34 @@ func createTopic(t testing.TB, brokers []string, name string, partitions int32) 
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func TestRunKeepsStatusUpdatesFlowingWhileBackpressured(t *testing.T) {
+	t.Parallel()
+	ps := testenv.StartPostgres(t)
+	k := testenv.Kafka(t)
+	e := &env{t: t, dsn: ps.DSN, brokers: k.Brokers, topic: k.Topic(t, "backpressure", 1), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	e.exec(`ALTER SYSTEM SET wal_sender_timeout = '2s'`)
+	e.exec(`SELECT pg_reload_conf()`)
+	// Kafka acknowledges a batch only every 3 s and at most 500 events may be
+	// in flight: the stream sits blocked on a full pipeline for ~12 s, far
+	// longer than wal_sender_timeout.
+	d := e.start("--kafka-linger", "3s", "--max-in-flight-events", "500", "--status-interval", "500ms")
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (g % 10), $1, jsonb_build_object('n', g) FROM generate_series(1, 2000) g`, e.topic)
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	pglog, _ := os.ReadFile(filepath.Join(ps.Dir, "postgres.log"))
+	t.Logf("backpressured 2000 events behind a 3 s linger: %s", v)
+	if v != (verdict{}) {
+		t.Fatalf("backpressured run: %s", v)
+	}
+	if strings.Contains(string(pglog), "replication timeout") {
+		t.Fatalf("the server timed out the walsender while outboxd was backpressured")
+	}
+	if strings.Contains(d.out.String(), "restarting pipeline") {
+		t.Fatalf("the pipeline restarted while backpressured")
+	}
+	d.stop()
 }
