@@ -139,7 +139,7 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan replication.Message) error
 }
 
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
-	r := newRecord(&m.Event, p.cfg.DefaultTopic, m.Begin.CommitTime)
+	r := NewRecord(&m.Event, p.cfg.DefaultTopic, m.Begin.CommitTime)
 	r.txn = t
 	if err := p.lim.acquire(ctx, r.size); err != nil {
 		return err

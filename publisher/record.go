@@ -48,11 +48,11 @@ func (r *Record) Size() int {
 	return n
 }
 
-// newRecord maps an outbox event to a record: topic from the row (or the
+// NewRecord maps an outbox event to a record: topic from the row (or the
 // default), key = aggregate id, value = payload as stored, headers outbox-id,
 // aggregate-id and event-type (when the row has one), timestamp = created_at
 // (or the commit time when the row has none).
-func newRecord(ev *replication.Event, defaultTopic string, commitTime time.Time) *Record {
+func NewRecord(ev *replication.Event, defaultTopic string, commitTime time.Time) *Record {
 	topic := ev.Topic
 	if topic == "" {
 		topic = defaultTopic
