@@ -42,6 +42,7 @@ type Pipeline struct {
 	log  *zap.Logger
 	prod Producer
 	dlq  DeadLetterer // nil: poison halts
+	hook Hook         // nil: none
 	wm   *Watermark
 	lim  *limiter
 	m    *Metrics
@@ -54,8 +55,8 @@ type Pipeline struct {
 }
 
 // NewPipeline builds a pipeline that starts at the slot's confirmed position.
-// dlq may be nil.
-func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, start pglogrepl.LSN, m *Metrics) *Pipeline {
+// dlq and hook may be nil.
+func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, hook Hook, start pglogrepl.LSN, m *Metrics) *Pipeline {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
@@ -64,6 +65,7 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, s
 		log:    log,
 		prod:   prod,
 		dlq:    dlq,
+		hook:   hook,
 		wm:     NewWatermark(start),
 		lim:    newLimiter(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes),
 		m:      m,
@@ -225,6 +227,11 @@ func (p *Pipeline) handleResult(ctx context.Context, r *Record) error {
 			zap.String("dead_letter_topic", p.cfg.DeadLetterTopic), zap.Error(r.Err))
 		p.m.DeadLettered.WithLabelValues(r.Topic).Inc()
 	} else {
+		if p.hook != nil {
+			if err := p.hook.AfterPublish(ctx, r); err != nil {
+				return err
+			}
+		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
 		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(r.size))
 		if !r.txn.commitTime.IsZero() {

@@ -3,6 +3,7 @@ package publisher
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -31,6 +32,7 @@ func commit(end pglogrepl.LSN) replication.Message {
 
 type harness struct {
 	t    *testing.T
+	hook Hook
 	prod *fakeProducer
 	p    *Pipeline
 	in   chan replication.Message
@@ -38,13 +40,17 @@ type harness struct {
 }
 
 func startPipeline(t *testing.T, cfg Config, dlq DeadLetterer) *harness {
+	return startPipelineWithHook(t, cfg, dlq, nil)
+}
+
+func startPipelineWithHook(t *testing.T, cfg Config, dlq DeadLetterer, hook Hook) *harness {
 	t.Helper()
-	h := &harness{t: t, prod: newFakeProducer(), in: make(chan replication.Message, 100), err: make(chan error, 1)}
+	h := &harness{t: t, hook: hook, prod: newFakeProducer(), in: make(chan replication.Message, 100), err: make(chan error, 1)}
 	var d DeadLetterer
 	if dlq != nil {
 		d = dlq
 	}
-	h.p = NewPipeline(cfg, zap.NewNop(), h.prod, d, 1000, nil)
+	h.p = NewPipeline(cfg, zap.NewNop(), h.prod, d, h.hook, 1000, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { h.err <- h.p.Run(ctx, h.in) }()
@@ -268,6 +274,70 @@ func TestPipelineKeepsPerKeySendOrder(t *testing.T) {
 	for i := int64(1); i <= 50; i++ {
 		if r := h.next(); r.OutboxID != i {
 			t.Fatalf("sent outbox id %d at position %d", r.OutboxID, i)
+		}
+	}
+}
+
+type fakeHook struct {
+	err error
+	ran []int64
+}
+
+func (f *fakeHook) AfterPublish(_ context.Context, r *Record) error {
+	f.ran = append(f.ran, r.OutboxID)
+	return f.err
+}
+
+func TestPipelineHookRunsAfterAckBeforeConfirm(t *testing.T) {
+	hook := &fakeHook{}
+	h := startPipelineWithHook(t, DefaultConfig(), nil, hook)
+	h.in <- begin()
+	h.in <- event(1, "a", "t")
+	h.in <- commit(2000)
+	h.prod.ack(h.next())
+	h.waitConfirmed(2000)
+	if len(hook.ran) != 1 || hook.ran[0] != 1 {
+		t.Fatalf("hook ran for %v, want [1]", hook.ran)
+	}
+}
+
+func TestPipelineHookFailureStopsWithoutConfirming(t *testing.T) {
+	h := startPipelineWithHook(t, DefaultConfig(), nil, &fakeHook{err: fmt.Errorf("%w: boom", ErrHook)})
+	h.in <- begin()
+	h.in <- event(1, "a", "t")
+	h.in <- commit(2000)
+	h.prod.ack(h.next())
+	if err := h.result(); !errors.Is(err, ErrHook) {
+		t.Fatalf("Run() = %v, want ErrHook", err)
+	}
+	if got := h.p.Confirmed(); got != 1000 {
+		t.Fatalf("confirmed %d although the hook failed", got)
+	}
+}
+
+func TestPipelineHookDoesNotRunWhenPublishFails(t *testing.T) {
+	hook := &fakeHook{}
+	h := startPipelineWithHook(t, DefaultConfig(), nil, hook)
+	h.in <- begin()
+	h.in <- event(1, "a", "t")
+	r := h.next()
+	h.prod.fail(r, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	if err := h.result(); !errors.Is(err, ErrProduce) {
+		t.Fatalf("Run() = %v", err)
+	}
+	if len(hook.ran) != 0 {
+		t.Fatalf("hook ran for a failed publish")
+	}
+}
+
+func TestParseHooks(t *testing.T) {
+	got, err := ParseHooks([]string{"orders=UPDATE orders SET s = 1 WHERE id = $2", " t2 = SELECT 1 "})
+	if err != nil || got["orders"] != "UPDATE orders SET s = 1 WHERE id = $2" || got["t2"] != "SELECT 1" {
+		t.Fatalf("ParseHooks = %v, %v", got, err)
+	}
+	for _, bad := range [][]string{{"noequals"}, {"=SELECT 1"}, {"t="}, {"t=SELECT 1", "t=SELECT 2"}} {
+		if _, err := ParseHooks(bad); err == nil {
+			t.Errorf("ParseHooks(%q) accepted", bad)
 		}
 	}
 }

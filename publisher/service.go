@@ -36,6 +36,9 @@ type Deps struct {
 	// NewDeadLetterer, when set, connects the dead-letter producer. If the
 	// returned value is an io.Closer it is closed at the end of the session.
 	NewDeadLetterer func() (DeadLetterer, error)
+	// NewHook, when set, connects the post-publish hook; closed like the
+	// dead-letterer.
+	NewHook func(ctx context.Context) (Hook, error)
 }
 
 // State is what the service is doing, for health checks.
@@ -152,6 +155,8 @@ func restartCause(err error) string {
 		return "kafka"
 	case errors.Is(err, errSourceOpen), errors.Is(err, errSource):
 		return "postgres"
+	case errors.Is(err, ErrHook):
+		return "hook"
 	default:
 		return "other"
 	}
@@ -197,7 +202,19 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 		}
 	}
 
-	pl := NewPipeline(s.cfg, s.log, prod, dlq, src.StartLSN(), s.m)
+	var hook Hook
+	if s.deps.NewHook != nil {
+		if hook, err = s.deps.NewHook(ctx); err != nil {
+			prod.Close()
+			drainResults(prod)
+			return fmt.Errorf("%w: %w", ErrHook, err)
+		}
+		if c, ok := hook.(io.Closer); ok {
+			defer c.Close()
+		}
+	}
+
+	pl := NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
 	s.m.ConfirmedLSN.Set(float64(src.StartLSN()))
 
 	// Two contexts: cancelling readCtx stops reading from the slot;

@@ -36,6 +36,7 @@ type options struct {
 	noCreate        bool
 	metricsAddr     string
 	pub             publisher.Config
+	hooks           stringList
 
 	// slot drop
 	dropPublication bool
@@ -72,6 +73,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.pub.RestartBackoffMin, "restart-backoff-min", o.pub.RestartBackoffMin, "first backoff before restarting after an error")
 	fs.DurationVar(&o.pub.RestartBackoffMax, "restart-backoff-max", o.pub.RestartBackoffMax, "cap of the exponential restart backoff")
 	fs.DurationVar(&o.pub.StandbyPollInterval, "standby-poll-interval", o.pub.StandbyPollInterval, "how often a standby checks whether the slot is free")
+	fs.Var(&o.hooks, "hook", "post-publish hook TOPIC=SQL (repeatable): runs after Kafka acked an event of TOPIC, before its LSN is confirmed; $1 aggregate_id, $2 outbox id, $3 payload; must be idempotent (a failure re-publishes and re-runs)")
 	fs.IntVar(&o.pub.CrashAfterProduce, "crash-after-produce", 0, "DEMO ONLY: exit hard (status 3) once Kafka acked this many events, before confirming them")
 }
 
@@ -171,4 +173,14 @@ func (o *options) logger(w io.Writer) (*zap.Logger, error) {
 		enc = zapcore.NewConsoleEncoder(ecfg)
 	}
 	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl)), nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, "; ") }
+
+func (l *stringList) Set(v string) error {
+	*l = append(*l, v)
+	return nil
 }

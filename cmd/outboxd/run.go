@@ -62,6 +62,15 @@ func cmdRun(ctx context.Context, args []string) error {
 			return publisher.NewKafkaDeadLetterer(kcfg, o.pub.DeadLetterTopic)
 		}
 	}
+	hooks, err := publisher.ParseHooks(o.hooks)
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	if len(hooks) > 0 {
+		deps.NewHook = func(ctx context.Context) (publisher.Hook, error) {
+			return publisher.NewSQLHooks(ctx, o.pgDSN, hooks)
+		}
+	}
 	svc := publisher.NewService(o.pub, logger, metrics, deps)
 
 	var g run.Group

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// hookEnv has an orders table and a hook that marks an order sent once its
+// event is in Kafka. The hook fails while hook_block has a row.
+func hookEnv(t *testing.T) (*env, string) {
+	e := newEnv(t, 1)
+	e.exec(`CREATE TABLE orders (id bigint primary key, status text not null)`)
+	e.exec(`CREATE TABLE hook_block (reason text)`)
+	e.exec(`CREATE FUNCTION mark_sent(agg text) RETURNS void LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT 1 FROM hook_block) THEN RAISE EXCEPTION 'hook blocked'; END IF;
+			UPDATE orders SET status = 'sent_to_establishment' WHERE 'order-' || id = agg;
+		END $$`)
+	return e, e.topic + "=SELECT mark_sent($1)"
+}
+
+func (e *env) status(id int) string {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	var s string
+	if err := c.QueryRow(context.Background(), `SELECT status FROM orders WHERE id = $1`, id).Scan(&s); err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+func (e *env) order(id int, topic string) {
+	e.t.Helper()
+	e.exec(`WITH o AS (INSERT INTO orders VALUES ($1, 'created') RETURNING id)
+		INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'order-' || id, $2, '{"status": "created"}' FROM o`, id, topic)
+}
+
+func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
+	t.Parallel()
+	k := testenv.Kafka(t)
+
+	t.Run("publish and hook succeed", func(t *testing.T) {
+		t.Parallel()
+		e, hook := hookEnv(t)
+		d := e.start("--hook", hook)
+		e.order(1, e.topic)
+		if got := len(k.ReadAll(t, e.topic, 1, 30*time.Second)); got != 1 {
+			t.Fatalf("%d records, want 1", got)
+		}
+		waitFor(t, 30*time.Second, func() bool { return e.status(1) == "sent_to_establishment" })
+		d.stop()
+		// Confirmed: a restart publishes nothing again.
+		d = e.start("--hook", hook)
+		time.Sleep(2 * time.Second)
+		if got := len(k.ReadAll(t, e.topic, 2, 2*time.Second)); got != 1 {
+			t.Fatalf("%d records after restart, want 1", got)
+		}
+		d.stop()
+	})
+	t.Run("publish fails: hook does not run", func(t *testing.T) {
+		t.Parallel()
+		e, hook := hookEnv(t)
+		missing := testenv.UniqueName("missing")
+		d := e.start("--hook", hook, "--hook", missing+"=SELECT mark_sent($1)")
+		e.order(1, missing) // a topic that does not exist: poison, halts
+		if code := d.wait(60 * time.Second); code != 1 {
+			t.Fatalf("exit %d, want 1", code)
+		}
+		if s := e.status(1); s != "created" {
+			t.Fatalf("status %q after a failed publish, want created", s)
+		}
+	})
+	t.Run("publish ok, hook fails: retried, never skipped", func(t *testing.T) {
+		t.Parallel()
+		e, hook := hookEnv(t)
+		e.exec(`INSERT INTO hook_block VALUES ('test')`)
+		d := e.start("--hook", hook)
+		e.order(1, e.topic)
+		d.waitLog("post-publish hook failed", 30*time.Second)
+		if s := e.status(1); s != "created" {
+			t.Fatalf("status %q while the hook fails", s)
+		}
+		e.exec(`DELETE FROM hook_block`)
+		waitFor(t, 30*time.Second, func() bool { return e.status(1) == "sent_to_establishment" })
+		n := len(k.ReadAll(t, e.topic, 100, 3*time.Second))
+		t.Logf("hook failed then succeeded: event published %d times (re-published on each retry)", n)
+		if n < 2 {
+			t.Fatalf("event published %d times, want ≥ 2 (once per attempt)", n)
+		}
+		if !strings.Contains(d.out.String(), `"cause": "hook"`) {
+			t.Errorf("restart cause hook not logged")
+		}
+		d.stop()
+	})
+	t.Run("topic without a hook", func(t *testing.T) {
+		t.Parallel()
+		e, _ := hookEnv(t)
+		other := k.Topic(t, "nohook", 1)
+		d := e.start("--hook", other+"-x=SELECT mark_sent($1)")
+		e.order(1, other)
+		if got := len(k.ReadAll(t, other, 1, 30*time.Second)); got != 1 {
+			t.Fatalf("%d records, want 1", got)
+		}
+		time.Sleep(time.Second)
+		if s := e.status(1); s != "created" {
+			t.Fatalf("status %q: a hook ran for a topic without one", s)
+		}
+		d.stop()
+	})
+}
+
+func waitFor(t *testing.T, timeout time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
