@@ -250,7 +250,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("replication: server error: %w", pgconn.ErrorResponseToPgError(msg))
 		case *pgproto3.CopyDone:
-			return fmt.Errorf("replication: %w: server ended the copy stream", ErrStreamEnded)
+			return fmt.Errorf("%w: server ended the copy stream", ErrStreamEnded)
 		default:
 			// NoticeResponse, ParameterStatus: nothing to do.
 		}
@@ -260,13 +260,13 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 
 func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Message, progress Progress, st *streamState) error {
 	if len(data) == 0 {
-		return fmt.Errorf("replication: %w: empty CopyData", ErrProtocol)
+		return fmt.Errorf("%w: empty CopyData", ErrProtocol)
 	}
 	switch data[0] {
 	case pglogrepl.PrimaryKeepaliveMessageByteID:
 		ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
 		if err != nil {
-			return fmt.Errorf("replication: %w: %v", ErrProtocol, err)
+			return fmt.Errorf("%w: %v", ErrProtocol, err)
 		}
 		if ka.ServerWALEnd > st.serverWALEnd {
 			st.serverWALEnd = ka.ServerWALEnd
@@ -281,7 +281,7 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 	case pglogrepl.XLogDataByteID:
 		xld, err := pglogrepl.ParseXLogData(data[1:])
 		if err != nil {
-			return fmt.Errorf("replication: %w: %v", ErrProtocol, err)
+			return fmt.Errorf("%w: %v", ErrProtocol, err)
 		}
 		m, err := s.dec.Decode(xld.WALData)
 		if err != nil {
@@ -307,7 +307,7 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 		}
 		return nil
 	default:
-		return fmt.Errorf("replication: %w: unknown CopyData type %q", ErrProtocol, data[0])
+		return fmt.Errorf("%w: unknown CopyData type %q", ErrProtocol, data[0])
 	}
 }
 
