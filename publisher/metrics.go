@@ -1,8 +1,10 @@
 package publisher
 
 import (
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -20,6 +22,20 @@ type Metrics struct {
 	CommitToAck    prometheus.Histogram
 	Restarts       *prometheus.CounterVec
 	Standby        prometheus.Gauge
+
+	// Set by the slot poller (see SlotPollerMetrics): they describe the
+	// slot, so every instance polling it reports the same values.
+	ServerWALLSN         prometheus.Gauge
+	LagBytes             prometheus.Gauge
+	SlotRetainedWALBytes prometheus.Gauge
+	SlotPolls            *prometheus.CounterVec
+
+	// LagSeconds is computed at scrape time from the watermark of the latest
+	// pipeline: now − commit time of the oldest unconfirmed transaction.
+	LagSeconds prometheus.GaugeFunc
+
+	wm        atomic.Pointer[Watermark] // the latest pipeline's
+	isStandby atomic.Bool               // mirrors Standby
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -58,16 +74,112 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_pipeline_restarts_total", Help: "Pipeline restarts, by cause.",
 		}, []string{"cause"}),
-		Standby: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "outboxd_standby", Help: "1 while another process holds the slot and this one waits.",
+		ServerWALLSN: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxd_server_wal_lsn", Help: "The server's current WAL position (pg_current_wal_lsn) at the last slot poll.",
 		}),
+		LagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxd_lag_bytes", Help: "Server WAL end minus the confirmed position (this process's or the slot's, whichever is ahead), at the last slot poll.",
+		}),
+		SlotRetainedWALBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxd_slot_retained_wal_bytes", Help: "WAL the server keeps for the slot (current WAL LSN minus restart_lsn), at the last slot poll.",
+		}),
+		SlotPolls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_slot_polls_total", Help: "Polls of pg_replication_slots, by result (ok, error).",
+		}, []string{"result"}),
+	}
+	m.Standby = standbyGauge{prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "outboxd_standby", Help: "1 while another process holds the slot and this one waits.",
+	}), &m.isStandby}
+	m.LagSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxd_lag_seconds", Help: "Now minus the commit time of the oldest transaction received and not yet confirmed; 0 when none (or standby).",
+	}, func() float64 { return m.Lag(time.Now()).Seconds() })
+	// Pre-create the label values dashboards and alerts expect, so the series
+	// exist (at 0) before the first event.
+	for _, c := range []string{"kafka", "postgres", "hook", "other"} {
+		m.Restarts.WithLabelValues(c)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.SlotPolls.WithLabelValues(r)
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered,
 			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck,
-			m.Restarts, m.Standby)
+			m.Restarts, m.Standby, m.ServerWALLSN, m.LagBytes, m.SlotRetainedWALBytes,
+			m.SlotPolls, m.LagSeconds)
 	}
 	return m
+}
+
+// standbyGauge is the Standby gauge, also remembered for LagSeconds.
+type standbyGauge struct {
+	prometheus.Gauge
+	on *atomic.Bool
+}
+
+func (g standbyGauge) Set(v float64) {
+	g.on.Store(v != 0)
+	g.Gauge.Set(v)
+}
+
+// track makes wm, the watermark of a new pipeline, the one LagSeconds and
+// Confirmed read. A pipeline that failed stays tracked until the next one
+// starts: its oldest unconfirmed transaction keeps ageing while the service
+// restarts, as it should.
+func (m *Metrics) track(wm *Watermark) { m.wm.Store(wm) }
+
+// Lag is now minus the commit time of the oldest transaction received and not
+// yet confirmed: 0 when none is in flight, before the first pipeline and
+// while standby.
+func (m *Metrics) Lag(now time.Time) time.Duration {
+	wm := m.wm.Load()
+	if wm == nil || m.isStandby.Load() {
+		return 0
+	}
+	t := wm.OldestCommitTime()
+	if t.IsZero() || now.Before(t) {
+		return 0
+	}
+	return now.Sub(t)
+}
+
+// Confirmed is the confirmed position of the latest pipeline, 0 before the
+// first.
+func (m *Metrics) Confirmed() pglogrepl.LSN {
+	if wm := m.wm.Load(); wm != nil {
+		return wm.Confirmed()
+	}
+	return 0
+}
+
+// SlotPoll is one reading of the slot for the slot metrics.
+type SlotPoll struct {
+	// ServerWAL is the server's current WAL position.
+	ServerWAL pglogrepl.LSN
+	// SlotConfirmed is the slot's confirmed_flush_lsn; RestartLSN its
+	// restart_lsn (0 when lost).
+	SlotConfirmed, RestartLSN pglogrepl.LSN
+}
+
+// ObserveSlot sets the slot metrics from one poll. Lag is measured from
+// whichever confirmed position is ahead: this process's watermark (exact,
+// while it streams) or the slot's (which includes the keepalive positions an
+// idle outbox confirms, and another instance's progress).
+func (m *Metrics) ObserveSlot(p SlotPoll) {
+	m.SlotPolls.WithLabelValues("ok").Inc()
+	m.ServerWALLSN.Set(float64(p.ServerWAL))
+	confirmed := max(m.Confirmed(), p.SlotConfirmed)
+	m.LagBytes.Set(float64(walDistance(p.ServerWAL, confirmed)))
+	m.SlotRetainedWALBytes.Set(float64(walDistance(p.ServerWAL, p.RestartLSN)))
+}
+
+// SlotPollFailed counts a failed poll; the slot metrics keep their last values.
+func (m *Metrics) SlotPollFailed() { m.SlotPolls.WithLabelValues("error").Inc() }
+
+func walDistance(to, from pglogrepl.LSN) uint64 {
+	if from == 0 || from >= to {
+		return 0
+	}
+	return uint64(to - from)
 }
 
 func (m *Metrics) observeLatency(commit time.Time) {

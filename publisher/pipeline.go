@@ -60,13 +60,15 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, h
 	if m == nil {
 		m = NewMetrics(nil)
 	}
+	wm := NewWatermark(start)
+	m.track(wm) // for the lag-seconds metric
 	return &Pipeline{
 		cfg:    cfg,
 		log:    log,
 		prod:   prod,
 		dlq:    dlq,
 		hook:   hook,
-		wm:     NewWatermark(start),
+		wm:     wm,
 		lim:    newLimiter(cfg.MaxInFlightEvents, cfg.MaxInFlightBytes),
 		m:      m,
 		done:   make(chan struct{}),
