@@ -1,0 +1,159 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+)
+
+// Config configures a [Consumer]. Start from [DefaultConfig].
+type Config struct {
+	// Brokers are the Kafka bootstrap brokers.
+	Brokers []string
+	// GroupID is the Kafka consumer group.
+	GroupID string
+	// Topics are the topics to consume.
+	Topics []string
+	// ClientID is the Kafka client id.
+	ClientID string
+	// KafkaVersion is the protocol version to speak; Kafka 4 rejects the old
+	// versions sarama defaults to.
+	KafkaVersion sarama.KafkaVersion
+	// SessionTimeout is the consumer group session timeout: how long the
+	// group waits for a member that stopped heartbeating (crashed) before its
+	// partitions move.
+	SessionTimeout time.Duration
+
+	// DeadLetterTopic names the dead-letter topic of a source topic; nil
+	// means topic + ".dlq".
+	DeadLetterTopic func(topic string) string
+
+	// MaxRetries is how often a transient failure is retried in place before
+	// the message is dead-lettered: a message gets at most 1 + MaxRetries
+	// attempts.
+	MaxRetries int
+	// BackoffBase is the wait after the first failed attempt; it doubles
+	// after each further one, up to BackoffMax.
+	BackoffBase time.Duration
+	BackoffMax  time.Duration
+
+	// CommitInterval is how often marked offsets are committed; 0 commits
+	// after every message (one synchronous round trip each).
+	CommitInterval time.Duration
+
+	// DedupTable is the deduplication table, optionally schema-qualified.
+	DedupTable string
+
+	// Sarama, when set, is called with the sarama configuration before the
+	// clients are made, for settings this Config does not cover (TLS, SASL).
+	// It must not turn auto-commit on.
+	Sarama func(*sarama.Config)
+
+	// OnDone, when set, is called once for every message that is done, after
+	// its effect is durable (transaction committed, or dead-letter record
+	// acknowledged) and before its offset is marked. It runs on the
+	// partition's goroutine: keep it quick.
+	OnDone func(m *Message, r Result)
+}
+
+// DefaultConfig returns the defaults: 5 retries with backoff from 100 ms
+// doubling up to 5 s, offsets committed every second, dedup table
+// processed_outbox_ids, Kafka 4.1 protocol, 10 s session timeout. Brokers,
+// GroupID and Topics must be set.
+func DefaultConfig() Config {
+	return Config{
+		ClientID:       "outboxd-consumer",
+		KafkaVersion:   sarama.V4_1_0_0,
+		SessionTimeout: 10 * time.Second,
+		MaxRetries:     5,
+		BackoffBase:    100 * time.Millisecond,
+		BackoffMax:     5 * time.Second,
+		CommitInterval: time.Second,
+		DedupTable:     "processed_outbox_ids",
+	}
+}
+
+// Validate reports every invalid setting at once.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("no Kafka brokers"))
+	}
+	if c.GroupID == "" {
+		errs = append(errs, errors.New("no consumer group id"))
+	}
+	if len(c.Topics) == 0 {
+		errs = append(errs, errors.New("no topics"))
+	}
+	for _, t := range c.Topics {
+		if strings.TrimSpace(t) == "" {
+			errs = append(errs, errors.New("empty topic name"))
+		} else if dlq := c.deadLetterTopic(t); dlq == t || dlq == "" {
+			errs = append(errs, fmt.Errorf("topic %q: dead-letter topic %q must be another, non-empty topic", t, dlq))
+		}
+	}
+	if c.MaxRetries < 0 {
+		errs = append(errs, fmt.Errorf("max retries must be ≥ 0, got %d", c.MaxRetries))
+	}
+	if c.BackoffBase <= 0 {
+		errs = append(errs, fmt.Errorf("backoff base must be > 0, got %s", c.BackoffBase))
+	}
+	if c.BackoffMax < c.BackoffBase {
+		errs = append(errs, fmt.Errorf("backoff max (%s) must be ≥ backoff base (%s)", c.BackoffMax, c.BackoffBase))
+	}
+	if c.CommitInterval < 0 {
+		errs = append(errs, fmt.Errorf("commit interval must be ≥ 0, got %s", c.CommitInterval))
+	}
+	if c.SessionTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("session timeout must be > 0, got %s", c.SessionTimeout))
+	}
+	if _, err := tableIdent(c.DedupTable); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("consumer: invalid config: %w", err)
+	}
+	return nil
+}
+
+// deadLetterTopic returns the dead-letter topic of topic.
+func (c Config) deadLetterTopic(topic string) string {
+	if c.DeadLetterTopic != nil {
+		return c.DeadLetterTopic(topic)
+	}
+	return topic + ".dlq"
+}
+
+// backoff is the wait after the n-th failure (n ≥ 1): BackoffBase·2^(n-1),
+// at most BackoffMax.
+func (c Config) backoff(n int) time.Duration {
+	d := c.BackoffBase
+	for i := 1; i < n && d < c.BackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, c.BackoffMax)
+}
+
+// saramaConfig is the configuration of the group and the dead-letter
+// producer: manual commits, oldest offset for a new group, errors returned,
+// dead-letter records acknowledged by all in-sync replicas.
+func (c Config) saramaConfig() *sarama.Config {
+	sc := sarama.NewConfig()
+	sc.Version = c.KafkaVersion
+	sc.ClientID = c.ClientID
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sc.Consumer.Offsets.AutoCommit.Enable = false
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.Group.Session.Timeout = c.SessionTimeout
+	sc.Consumer.Group.Heartbeat.Interval = c.SessionTimeout / 3
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	if c.Sarama != nil {
+		c.Sarama(sc)
+	}
+	return sc
+}

@@ -1,0 +1,121 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the consumer needs of PostgreSQL. *pgxpool.Pool satisfies it;
+// it must be safe for concurrent use (one transaction per partition).
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	Ping(ctx context.Context) error
+}
+
+// store runs one attempt at a message: the dedup row and the handler in one
+// transaction. The real one is pgStore; the tests use a fake.
+type store interface {
+	// attempt reports dup when the outbox id was processed before (nothing
+	// else happened but the duplicate count). The error is a *dbError for
+	// failures of the consumer's own statements, else the handler's error
+	// or a commit the server refused.
+	attempt(ctx context.Context, m *Message, h Handler) (dup bool, err error)
+	ping(ctx context.Context) error
+}
+
+// pgStore is the store on a DB.
+type pgStore struct {
+	db        DB
+	insertSQL string
+	dupSQL    string
+}
+
+func newPGStore(db DB, table string) (*pgStore, error) {
+	ident, err := tableIdent(table)
+	if err != nil {
+		return nil, err
+	}
+	t := ident.Sanitize()
+	return &pgStore{
+		db:        db,
+		insertSQL: `INSERT INTO ` + t + ` (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		dupSQL:    `UPDATE ` + t + ` SET duplicates = duplicates + 1 WHERE outbox_id = $1`,
+	}, nil
+}
+
+// tableIdent parses "table" or "schema.table".
+func tableIdent(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("dedup table %q: want table or schema.table", name)
+	}
+	for _, p := range parts {
+		if p == "" {
+			return nil, fmt.Errorf("dedup table %q: empty name", name)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+func (s *pgStore) ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+func (s *pgStore) attempt(ctx context.Context, m *Message, h Handler) (dup bool, err error) {
+	tx, err := s.db.Begin(ctx)
+	if err != nil {
+		return false, &dbError{op: "begin", err: err}
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			// The error that matters is err; a failed rollback means the
+			// connection is gone, and the server rolled back already.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	tag, err := tx.Exec(ctx, s.insertSQL, m.OutboxID, m.Topic)
+	if err != nil {
+		return false, &dbError{op: fmt.Sprintf("record outbox id %d", m.OutboxID), err: err}
+	}
+	if tag.RowsAffected() == 0 {
+		if _, err := tx.Exec(ctx, s.dupSQL, m.OutboxID); err != nil {
+			return false, &dbError{op: fmt.Sprintf("count duplicate of outbox id %d", m.OutboxID), err: err}
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return false, &dbError{op: "commit duplicate count", err: err}
+		}
+		committed = true
+		return true, nil
+	}
+	if err := callHandler(ctx, h, tx, m); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// The server refused (a deferred constraint, a serialization
+		// failure): the handler's writes are at fault, so it counts as a
+		// failed attempt. Otherwise the connection broke and the outcome is
+		// unknown: the next attempt finds out through the dedup row.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			return false, fmt.Errorf("commit: %w", err)
+		}
+		return false, &dbError{op: "commit", err: err}
+	}
+	committed = true
+	return false, nil
+}
+
+// callHandler runs h, turning a panic into a domain error: it would panic
+// again on every retry.
+func callHandler(ctx context.Context, h Handler, tx pgx.Tx, m *Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Domainf("handler panicked: %v", r)
+		}
+	}()
+	return h.Handle(ctx, tx, m)
+}

@@ -1,0 +1,82 @@
+// Package consumer reads outbox events from Kafka (a sarama consumer group)
+// and processes each one once, although outboxd delivers at least once.
+//
+// # Deduplication
+//
+// Every event carries its outbox id in the outbox-id header. For each message
+// the consumer begins a PostgreSQL transaction, runs
+//
+//	INSERT INTO processed_outbox_ids (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING
+//
+// and, when the row is new, calls the [Handler] with that same transaction;
+// the transaction commits only if the handler succeeds. "Seen" and "done"
+// therefore commit together: a crash before the commit leaves neither (the
+// event is processed again), a crash after it leaves both (the redelivered
+// event finds its id and is skipped as a duplicate). A skipped duplicate
+// increments processed_outbox_ids.duplicates. The table (see
+// migrations/003_consumer.sql) is
+//
+//	CREATE TABLE processed_outbox_ids (
+//	    outbox_id    bigint      PRIMARY KEY,
+//	    topic        text        NOT NULL,
+//	    processed_at timestamptz NOT NULL DEFAULT now(),
+//	    duplicates   integer     NOT NULL DEFAULT 0
+//	);
+//
+// The outbox id is unique within one outbox table: a service that consumes the
+// events of several outboxes uses one table per outbox ([Config.DedupTable]).
+//
+// # Errors
+//
+// The handler classifies its errors. An error wrapped with [Domain] is
+// permanent (the event is invalid for this consumer): the message goes to the
+// dead-letter topic at once. Any other error is transient: the message is
+// retried in place, up to [Config.MaxRetries] times with exponential backoff
+// ([Config.BackoffBase] doubling up to [Config.BackoffMax]), and then goes to
+// the dead-letter topic. A message without a valid outbox-id header is a
+// domain error. A handler panic is a domain error too (it would panic again).
+//
+// Failures of the consumer's own statements (begin, the dedup insert, a
+// commit the server never answered) are the database's, not the message's:
+// they are retried with backoff until they succeed or the context ends, and
+// never send a message to the dead-letter topic. Likewise, before a message
+// whose transient retries are exhausted is dead-lettered, the database is
+// pinged: when it is unreachable the retries start over once it is back, so an
+// outage does not empty the topic into the dead-letter topic.
+//
+// # Dead-letter topic
+//
+// The dead-letter record ([Config.DeadLetterTopic], by default
+// "<topic>.dlq") has the original key, value and headers plus the headers
+// [HeaderError], [HeaderErrorClass], [HeaderSourceTopic],
+// [HeaderSourcePartition], [HeaderSourceOffset], [HeaderAttempts] and
+// [HeaderConsumerGroup]. It is sent synchronously and must be acknowledged by
+// all in-sync replicas before the message counts as done. Dead-lettered ids are
+// not recorded in the dedup table, so an event replayed from the dead-letter
+// topic after a fix is processed.
+//
+// If the dead-letter publish fails, the message is not done: its offset is not
+// committed, and [Consumer.Run] returns a [*DeadLetterError] after committing
+// the messages done before it. The message is processed again when the
+// consumer is restarted; nothing is lost. A crash between the dead-letter
+// acknowledgement and the offset commit sends the message to the dead-letter
+// topic again (at least once there too).
+//
+// # Offsets
+//
+// Offsets are committed manually (sarama's Consumer.Offsets.AutoCommit is
+// off). A message's offset is marked only when the message is done: its
+// transaction committed (processed or skipped as duplicate) or its
+// dead-letter record acknowledged. Messages of a partition are processed one
+// at a time in offset order, so a marked offset never passes a message that is
+// not done. Marked offsets are committed every [Config.CommitInterval] (0:
+// after every message), when a partition is released and when the session
+// ends. A crash loses at most the marks since the last commit; those messages
+// are delivered again and skipped as duplicates.
+//
+// A poison message never blocks its partition: after at most MaxRetries
+// retries it is in the dead-letter topic and the next message is processed.
+// Partitions are processed in parallel, each on its own goroutine with its
+// own transaction, so the [DB] should allow as many connections as the
+// consumer has partitions.
+package consumer
