@@ -36,6 +36,7 @@ type options struct {
 	noCreate        bool
 	metricsAddr     string
 	pub             publisher.Config
+	poll            pollOptions // --source=poll: poll.go
 	hooks           stringList
 
 	// slot drop
@@ -65,6 +66,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
+	addPollFlags(fs, o)
 	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows whose topic column is absent or NULL")
 	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) here instead of halting")
 	fs.IntVar(&o.pub.MaxInFlightEvents, "max-in-flight-events", o.pub.MaxInFlightEvents, "events produced and not yet acknowledged before reading pauses")

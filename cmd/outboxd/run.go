@@ -42,6 +42,9 @@ func cmdRun(ctx context.Context, args []string) error {
 	defer logger.Sync()
 	// sarama logs through a package global: set it once, here.
 	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
+	if o.poll.source != sourceCDC { // the polling publisher: poll.go
+		return runPoll(ctx, &o, kcfg, logger)
+	}
 
 	if err := prepare(ctx, &o, logger); err != nil {
 		return err

@@ -1,0 +1,132 @@
+package main
+
+// outboxd run --source=poll: the polling publisher (package poll) instead of
+// the replication slot, for databases where logical replication is not
+// available. The Kafka settings, topics, dead-letter topic, metrics and
+// shutdown behave as with --source=cdc; the slot flags are ignored.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/poll"
+	"github.com/outboxd/outboxd/publisher"
+)
+
+const (
+	sourceCDC  = "cdc"
+	sourcePoll = "poll"
+)
+
+// pollOptions are the flags of --source=poll.
+type pollOptions struct {
+	source    string
+	interval  time.Duration
+	batchSize int
+	workers   int
+}
+
+func addPollFlags(fs *flag.FlagSet, o *options) {
+	d := poll.DefaultConfig()
+	fs.StringVar(&o.poll.source, "source", sourceCDC, "where rows come from: cdc (the replication slot) or poll (SELECT ... FOR UPDATE SKIP LOCKED, no replication needed)")
+	fs.DurationVar(&o.poll.interval, "poll-interval", d.Interval, "--source=poll: time between polls while fewer than --poll-batch-size rows wait")
+	fs.IntVar(&o.poll.batchSize, "poll-batch-size", d.BatchSize, "--source=poll: most rows one polling transaction publishes")
+	fs.IntVar(&o.poll.workers, "poll-workers", d.Workers, "--source=poll: concurrent polling transactions; more than 1 loses per-key order")
+}
+
+func (o *options) pollConfig() (poll.Config, error) {
+	c := poll.DefaultConfig()
+	c.ConnString = o.pgDSN
+	c.Schema, c.Table = o.slot.Schema, o.slot.Table
+	c.Interval, c.BatchSize, c.Workers = o.poll.interval, o.poll.batchSize, o.poll.workers
+	c.DefaultTopic, c.DeadLetterTopic = o.pub.DefaultTopic, o.pub.DeadLetterTopic
+	c.ShutdownTimeout = o.pub.ShutdownTimeout
+	c.RestartBackoffMin, c.RestartBackoffMax = o.pub.RestartBackoffMin, o.pub.RestartBackoffMax
+	if o.poll.source != sourcePoll {
+		return c, fmt.Errorf("--source %q: use %s or %s", o.poll.source, sourceCDC, sourcePoll)
+	}
+	return c, c.Validate()
+}
+
+// runPoll is cmdRun for --source=poll, after the common flags were checked
+// and the logger built.
+func runPoll(ctx context.Context, o *options, kcfg publisher.KafkaConfig, logger *zap.Logger) error {
+	cfg, err := o.pollConfig()
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	deps := poll.Deps{
+		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) },
+	}
+	if cfg.DeadLetterTopic != "" {
+		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
+			return publisher.NewKafkaDeadLetterer(kcfg, cfg.DeadLetterTopic)
+		}
+	}
+	poller, err := poll.New(cfg, logger.Named("poll"), poll.NewMetrics(reg), deps)
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+
+	var g run.Group
+	{
+		ctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return poller.Run(ctx) }, func(error) { cancel() })
+	}
+	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+	if o.metricsAddr != "" {
+		ln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %q: %w", o.metricsAddr, err)
+		}
+		srv := &http.Server{Handler: pollHealthMux(reg, poller), ReadHeaderTimeout: 5 * time.Second}
+		g.Add(func() error {
+			logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}, func(error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+	err = g.Run()
+	if errors.Is(err, run.ErrSignal) {
+		logger.Info("stopped", zap.String("reason", err.Error()))
+		return nil
+	}
+	return err
+}
+
+func pollHealthMux(reg *prometheus.Registry, p *poll.Poller) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		st := p.State()
+		if st != poll.StatePolling {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		fmt.Fprintln(w, st)
+	})
+	return mux
+}

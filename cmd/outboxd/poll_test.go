@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder is the clean-run
+// e2e test for --source=poll: the real binary, real PostgreSQL and Kafka.
+func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 6)
+	d := startDaemon(t, e.args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200")...)
+	d.waitLog("polling", 60*time.Second)
+	if err := e.write(context.Background(), load{writers: 4, aggregates: 200, total: 5000, maxTxn: 100}); err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, 2*time.Minute))
+	t.Logf("--source=poll, 5000 events: %s", v)
+	if v != (verdict{}) {
+		t.Fatalf("clean run: %s, want all zero", v)
+	}
+	d.stop()
+	c := e.conn()
+	defer c.Close(context.Background())
+	var unpublished int
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
+		t.Fatal(err)
+	}
+	if unpublished != 0 {
+		t.Fatalf("%d rows not marked published after a clean stop", unpublished)
+	}
+}
+
+func TestRunSourcePollErrors(t *testing.T) {
+	t.Parallel()
+	k := testenv.Kafka(t)
+	brokers := strings.Join(k.Brokers, ",")
+	t.Run("unknown source", func(t *testing.T) {
+		t.Parallel()
+		expectExit(t, `invalid configuration: --source "wal": use cdc or poll`,
+			"run", "--pg-dsn", "postgres://localhost/x", "--kafka-brokers", brokers, "--source", "wal")
+	})
+	t.Run("not migrated", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.Postgres(t)
+		pg.Exec(t, `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text NOT NULL, topic text NOT NULL, payload jsonb NOT NULL)`)
+		expectExit(t, `outbox table public.outbox has no column "published_at": run "outboxd migrate" (migrations/004_poll_published_at.sql adds it)`,
+			"run", "--pg-dsn", pg.DSN, "--kafka-brokers", brokers, "--source", "poll")
+	})
+}

@@ -1,0 +1,41 @@
+package poll
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/publisher"
+)
+
+// Metrics are the shared publisher metrics (published, bytes, errors,
+// dead-lettered, in flight, restarts, commit-to-ack) plus the poll's own.
+// Build them once per process.
+type Metrics struct {
+	*publisher.Metrics
+	// Polls counts polling transactions by outcome: empty, partial (fewer
+	// rows than the batch size) or full.
+	Polls *prometheus.CounterVec
+	// BatchSeconds is the duration of a non-empty polling transaction, from
+	// its SELECT to its COMMIT.
+	BatchSeconds prometheus.Histogram
+}
+
+// NewMetrics creates the metrics and registers them on reg (nil: not
+// registered). For the shared part, commit-to-ack is measured from the
+// row's created_at: the poller cannot see commit times.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Metrics: publisher.NewMetrics(reg),
+		Polls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_poll_transactions_total", Help: "Polling transactions, by outcome: empty, partial or full batch.",
+		}, []string{"outcome"}),
+		BatchSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outboxd_poll_batch_seconds",
+			Help:    "Duration of a non-empty polling transaction, from SELECT to COMMIT.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Polls, m.BatchSeconds)
+	}
+	return m
+}

@@ -1,0 +1,480 @@
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+)
+
+// Deps are the factories a Poller calls at every (re)start.
+type Deps struct {
+	// NewProducer connects a producer; one per session, shared by the
+	// workers. Required.
+	NewProducer func() (publisher.Producer, error)
+	// NewDeadLetterer, when set, connects the dead-letter producer: poison
+	// rows go there and are marked published. Without it a poison row halts
+	// the poller. If the value is an io.Closer it is closed with the session.
+	NewDeadLetterer func() (publisher.DeadLetterer, error)
+}
+
+// State is what the poller is doing, for health checks.
+type State int32
+
+const (
+	StateStarting State = iota
+	StatePolling
+	StateRestarting
+	StateStopped
+)
+
+func (s State) String() string {
+	return [...]string{"starting", "polling", "restarting", "stopped"}[s]
+}
+
+// Poller publishes outbox rows by polling. A Poller runs once.
+type Poller struct {
+	cfg   Config
+	pgcfg *pgx.ConnConfig
+	log   *zap.Logger
+	m     *Metrics
+	deps  Deps
+	state atomic.Int32
+}
+
+// New builds a poller. m may be nil.
+func New(cfg Config, log *zap.Logger, m *Metrics, deps Deps) (*Poller, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.NewProducer == nil {
+		return nil, errors.New("poll: Deps.NewProducer is required")
+	}
+	pgcfg, err := pgx.ParseConfig(cfg.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("poll: PostgreSQL connection string: %w", err)
+	}
+	if pgcfg.RuntimeParams["application_name"] == "" {
+		pgcfg.RuntimeParams["application_name"] = "outboxd-poll"
+	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Poller{cfg: cfg, pgcfg: pgcfg, log: log, m: m, deps: deps}, nil
+}
+
+// State reports what the poller is doing.
+func (p *Poller) State() State { return State(p.state.Load()) }
+
+// Run polls until ctx is cancelled, then lets the batches in flight finish
+// (at most Config.ShutdownTimeout) and returns nil. After a Kafka or
+// PostgreSQL failure it rolls back, waits (capped exponential backoff) and
+// starts a new session with a new producer. It returns an error only for
+// what a restart cannot fix: a poison row without a dead-letter producer
+// (wrapping publisher.ErrPoison), a table it cannot poll (ErrSchema) or a
+// row it cannot read (ErrBadRow).
+func (p *Poller) Run(ctx context.Context) error {
+	defer p.state.Store(int32(StateStopped))
+	backoff := p.cfg.RestartBackoffMin
+	for {
+		started := time.Now()
+		err := p.session(ctx)
+		if ctx.Err() != nil {
+			p.log.Info("stopped")
+			return nil
+		}
+		if isFatal(err) {
+			p.log.Error("halting", zap.Error(err))
+			return err
+		}
+		cause := "postgres"
+		if errors.Is(err, publisher.ErrProduce) || errors.Is(err, errProducerOpen) {
+			cause = "kafka"
+		}
+		p.m.Restarts.WithLabelValues(cause).Inc()
+		if time.Since(started) > 2*p.cfg.RestartBackoffMax {
+			backoff = p.cfg.RestartBackoffMin
+		}
+		p.state.Store(int32(StateRestarting))
+		p.log.Warn("restarting: unacknowledged rows stay unpublished and are polled again",
+			zap.String("cause", cause), zap.Duration("backoff", backoff), zap.Error(err))
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, p.cfg.RestartBackoffMax)
+	}
+}
+
+func isFatal(err error) bool {
+	return errors.Is(err, publisher.ErrPoison) || errors.Is(err, ErrSchema) || errors.Is(err, ErrBadRow)
+}
+
+var errProducerOpen = errors.New("open producer")
+
+// session is one set of connections and one producer, until an error or ctx.
+func (p *Poller) session(ctx context.Context) error {
+	conns := make([]*pgx.Conn, 0, p.cfg.Workers)
+	defer func() {
+		for _, c := range conns {
+			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = c.Close(cctx)
+			cancel()
+		}
+	}()
+	for range p.cfg.Workers {
+		c, err := pgx.ConnectConfig(ctx, p.pgcfg.Copy())
+		if err != nil {
+			return fmt.Errorf("poll: connect to PostgreSQL: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	tbl, err := inspect(ctx, conns[0], p.cfg)
+	if err != nil {
+		return err
+	}
+	if !tbl.hasIndex {
+		p.log.Warn("no partial index on unpublished rows: every poll scans the outbox; run \"outboxd migrate\" (migrations/004)",
+			zap.String("table", tbl.plain))
+	}
+
+	prod, err := p.deps.NewProducer()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errProducerOpen, err)
+	}
+	var dlq publisher.DeadLetterer
+	if p.deps.NewDeadLetterer != nil {
+		if dlq, err = p.deps.NewDeadLetterer(); err != nil {
+			prod.Close()
+			for range prod.Results() {
+			}
+			return fmt.Errorf("%w: %w", errProducerOpen, err)
+		}
+		if c, ok := dlq.(io.Closer); ok {
+			defer c.Close()
+		}
+	}
+
+	// readCtx stops new polls; hardCtx abandons the batches in flight.
+	readCtx, cancelRead := context.WithCancel(ctx)
+	defer cancelRead()
+	hardCtx, cancelHard := context.WithCancel(context.Background())
+	defer cancelHard()
+	finished := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			p.log.Info("shutting down: finishing the batches in flight", zap.Duration("timeout", p.cfg.ShutdownTimeout))
+			t := time.NewTimer(p.cfg.ShutdownTimeout)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				p.log.Warn("shutdown timeout: batches in flight roll back and will be sent again")
+				cancelHard()
+			case <-finished:
+			}
+		case <-finished:
+		}
+	}()
+
+	rt := &router{waiting: make(map[*publisher.Record]chan *publisher.Record)}
+	routed := make(chan struct{})
+	go func() {
+		defer close(routed)
+		rt.run(prod.Results())
+	}()
+
+	p.state.Store(int32(StatePolling))
+	p.log.Info("polling", zap.String("table", tbl.plain), zap.Strings("columns", tbl.columns),
+		zap.Duration("interval", p.cfg.Interval), zap.Int("batch_size", p.cfg.BatchSize), zap.Int("workers", p.cfg.Workers))
+
+	var (
+		wg       sync.WaitGroup
+		errOnce  sync.Once
+		firstErr error
+	)
+	for i, c := range conns {
+		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, rt: rt,
+			acks: make(chan *publisher.Record, p.cfg.BatchSize)}
+		// Stagger the workers across the interval.
+		first := time.Duration(i) * p.cfg.Interval / time.Duration(len(conns))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.run(readCtx, hardCtx, first); err != nil {
+				errOnce.Do(func() {
+					firstErr = err
+					cancelRead()
+					cancelHard()
+				})
+			}
+		}()
+	}
+	wg.Wait()
+	close(finished)
+	prod.Close()
+	<-routed // every record the producer had is back (and dropped)
+	return firstErr
+}
+
+// router hands each result to the worker that sent the record.
+type router struct {
+	mu      sync.Mutex
+	waiting map[*publisher.Record]chan *publisher.Record
+}
+
+func (rt *router) expect(r *publisher.Record, ch chan *publisher.Record) {
+	rt.mu.Lock()
+	rt.waiting[r] = ch
+	rt.mu.Unlock()
+}
+
+func (rt *router) forget(r *publisher.Record) {
+	rt.mu.Lock()
+	delete(rt.waiting, r)
+	rt.mu.Unlock()
+}
+
+func (rt *router) run(results <-chan *publisher.Record) {
+	for r := range results {
+		rt.mu.Lock()
+		ch := rt.waiting[r]
+		delete(rt.waiting, r)
+		rt.mu.Unlock()
+		if ch != nil {
+			// Never blocks: a worker has at most BatchSize records out and
+			// acks holds BatchSize.
+			ch <- r
+		}
+	}
+}
+
+// worker owns one connection and runs one polling transaction at a time.
+type worker struct {
+	p    *Poller
+	conn *pgx.Conn
+	tbl  *table
+	prod publisher.Producer
+	dlq  publisher.DeadLetterer
+	rt   *router
+	acks chan *publisher.Record
+
+	events []replication.Event
+	ids    []int64
+}
+
+func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) error {
+	if !sleep(readCtx, first) {
+		return nil
+	}
+	for readCtx.Err() == nil {
+		start := time.Now()
+		n, err := w.batch(hardCtx)
+		if err != nil {
+			if readCtx.Err() != nil && hardCtx.Err() != nil {
+				return nil // shutdown timeout: rolled back, not an error
+			}
+			return err
+		}
+		if n == w.p.cfg.BatchSize {
+			continue // a backlog: poll again at once
+		}
+		if !sleep(readCtx, time.Until(start.Add(w.p.cfg.Interval))) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// batch runs one polling transaction and returns the number of rows it
+// published.
+func (w *worker) batch(ctx context.Context) (n int, err error) {
+	p := w.p
+	began := time.Now()
+	tx, err := w.conn.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("poll: begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+	if err := w.read(ctx, tx); err != nil {
+		return 0, err
+	}
+	if len(w.events) == 0 {
+		p.m.Polls.WithLabelValues("empty").Inc()
+		if err := tx.Commit(ctx); err != nil {
+			return 0, fmt.Errorf("poll: commit: %w", err)
+		}
+		return 0, nil
+	}
+
+	now := time.Now()
+	var (
+		sent     int   // records handed to the producer or to acks
+		outBytes int64 // bytes of those not back yet
+		failed   error
+	)
+	p.m.InFlightEvents.Add(float64(len(w.events)))
+	defer func() { // what never came back (a failure, a shutdown timeout)
+		p.m.InFlightEvents.Sub(float64(sent))
+		p.m.InFlightBytes.Sub(float64(outBytes))
+	}()
+	for i := range w.events {
+		r := publisher.NewRecord(&w.events[i], p.cfg.DefaultTopic, now)
+		size := int64(r.Size())
+		if r.Topic == "" {
+			r.Err = &publisher.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}
+			w.acks <- r
+		} else {
+			w.rt.expect(r, w.acks)
+			if err := w.prod.Send(ctx, r); err != nil {
+				w.rt.forget(r)
+				failed = fmt.Errorf("poll: produce: %w", err)
+				break
+			}
+		}
+		sent++
+		outBytes += size
+		p.m.InFlightBytes.Add(float64(size))
+	}
+	p.m.InFlightEvents.Sub(float64(len(w.events) - sent))
+	// Wait for every record sent, even after a failure, so the producer
+	// holds nothing of this batch when the session ends.
+	for sent > 0 {
+		var r *publisher.Record
+		select {
+		case r = <-w.acks:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		size := int64(r.Size())
+		sent--
+		outBytes -= size
+		p.m.InFlightEvents.Dec()
+		p.m.InFlightBytes.Sub(float64(size))
+		if err := w.result(ctx, r, int(size)); err != nil && failed == nil {
+			failed = err
+		}
+	}
+	if failed != nil {
+		return 0, failed
+	}
+
+	if _, err := tx.Exec(ctx, w.tbl.updateSQL, w.ids); err != nil {
+		return 0, fmt.Errorf("poll: mark published: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("poll: commit: %w", err)
+	}
+	n = len(w.events)
+	outcome := "partial"
+	if n == p.cfg.BatchSize {
+		outcome = "full"
+	}
+	p.m.Polls.WithLabelValues(outcome).Inc()
+	p.m.BatchSeconds.Observe(time.Since(began).Seconds())
+	return n, nil
+}
+
+var errNoTopic = errors.New("the row has no topic and no --default-topic is set")
+
+// result accounts for one record back from Kafka; poison goes to the
+// dead-letter producer when there is one.
+func (w *worker) result(ctx context.Context, r *publisher.Record, size int) error {
+	p := w.p
+	if r.Err == nil {
+		p.m.Published.WithLabelValues(r.Topic).Inc()
+		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size))
+		if !r.Timestamp.IsZero() {
+			p.m.CommitToAck.Observe(time.Since(r.Timestamp).Seconds())
+		}
+		return nil
+	}
+	if !errors.Is(r.Err, publisher.ErrPoison) || w.dlq == nil {
+		p.m.ProduceErrors.WithLabelValues(r.Topic).Inc()
+		return r.Err
+	}
+	if err := w.dlq.DeadLetter(ctx, r, r.Err); err != nil {
+		return fmt.Errorf("poll: divert outbox id %d to dead-letter topic %q: %w", r.OutboxID, p.cfg.DeadLetterTopic, err)
+	}
+	p.log.Warn("poison event diverted to the dead-letter topic",
+		zap.Int64("outbox_id", r.OutboxID), zap.String("topic", r.Topic),
+		zap.String("dead_letter_topic", p.cfg.DeadLetterTopic), zap.Error(r.Err))
+	p.m.DeadLettered.WithLabelValues(r.Topic).Inc()
+	return nil
+}
+
+// read selects and locks the next batch into w.events and w.ids.
+func (w *worker) read(ctx context.Context, tx pgx.Tx) error {
+	w.events = w.events[:0]
+	w.ids = w.ids[:0]
+	rows, err := tx.Query(ctx, w.tbl.selectSQL, w.p.cfg.BatchSize)
+	if err != nil {
+		return fmt.Errorf("poll: select: %w", err)
+	}
+	defer rows.Close()
+	var (
+		id                    int64
+		agg, topic, eventType pgtype.Text
+		payload               []byte
+		created               pgtype.Timestamptz
+	)
+	for rows.Next() {
+		payload = nil
+		if err := rows.Scan(&id, &agg, &payload, &topic, &created, &eventType); err != nil {
+			return halt(ErrBadRow, "outbox table %s: read a row: %v", w.tbl.plain, err)
+		}
+		if !agg.Valid || payload == nil {
+			col := "aggregate_id"
+			if agg.Valid {
+				col = "payload"
+			}
+			return halt(ErrBadRow, "outbox row id=%d: column %q is NULL", id, col)
+		}
+		ev := replication.Event{ID: id, AggregateID: agg.String, Payload: payload,
+			Topic: topic.String, EventType: eventType.String}
+		if created.Valid {
+			if created.InfinityModifier != pgtype.Finite {
+				return halt(ErrBadRow, "outbox row id=%d: column \"created_at\" is infinite", id)
+			}
+			ev.CreatedAt = created.Time
+		}
+		w.events = append(w.events, ev)
+		w.ids = append(w.ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("poll: select: %w", err)
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,141 @@
+package poll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrSchema means the outbox table cannot be polled as it is: missing, or a
+// column missing or of a type outboxd cannot map the way CDC does. Restarting
+// does not help; the service halts.
+var ErrSchema = errors.New("outbox table not pollable")
+
+// ErrBadRow means a row holds a value CDC would refuse as well (a NULL
+// aggregate id or payload, a timestamp out of range). The service halts, as
+// CDC does, so the row is looked at rather than skipped.
+var ErrBadRow = errors.New("bad outbox row")
+
+// haltError is a message that wraps ErrSchema or ErrBadRow without
+// repeating its text.
+type haltError struct {
+	sentinel error
+	msg      string
+}
+
+func (e *haltError) Error() string { return e.msg }
+func (e *haltError) Unwrap() error { return e.sentinel }
+
+func halt(sentinel error, format string, args ...any) error {
+	return &haltError{sentinel: sentinel, msg: fmt.Sprintf(format, args...)}
+}
+
+// table is what a session learned about the outbox table.
+type table struct {
+	name       string // quoted schema.table, for SQL
+	plain      string // schema.table, for logs
+	selectSQL  string
+	updateSQL  string
+	hasIndex   bool     // a partial index WHERE published_at IS NULL exists
+	columns    []string // as found, for logs
+	hasTopic   bool
+	hasCreated bool
+}
+
+// inspect reads the table's columns and builds the statements. Each value is
+// selected in the form the pgoutput decoder sees: text output for every type
+// except a bytea payload, which is raw bytes; a timestamp without time zone
+// is taken as UTC.
+func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
+	qualified := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
+	plain := cfg.Schema + "." + cfg.Table
+	rows, err := conn.Query(ctx, `
+		SELECT a.attname, t.typname
+		  FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+		 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+		 ORDER BY a.attnum`, qualified)
+	if err != nil {
+		return nil, fmt.Errorf("poll: read columns of %s: %w", plain, err)
+	}
+	types := map[string]string{}
+	var names []string
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return nil, fmt.Errorf("poll: read columns of %s: %w", plain, err)
+		}
+		types[name] = typ
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("poll: read columns of %s: %w", plain, err)
+	}
+	if len(types) == 0 {
+		return nil, halt(ErrSchema, "outbox table %s does not exist: run \"outboxd migrate\" or create it", plain)
+	}
+	missing := func(col, hint string) error {
+		return halt(ErrSchema, "outbox table %s has no column %q: %s", plain, col, hint)
+	}
+	for _, col := range []string{"id", "aggregate_id", "payload"} {
+		if types[col] == "" {
+			return nil, missing(col, "add it (see migrations/001_outbox.sql)")
+		}
+	}
+	if types["published_at"] == "" {
+		return nil, missing("published_at", "run \"outboxd migrate\" (migrations/004_poll_published_at.sql adds it)")
+	}
+	switch types["id"] {
+	case "int2", "int4", "int8":
+	default:
+		return nil, halt(ErrSchema, "outbox table %s: column \"id\" has type %s, want an integer", plain, types["id"])
+	}
+	t := &table{name: qualified, plain: plain, columns: names}
+	id := func(col string) string { return pgx.Identifier{col}.Sanitize() }
+	sel := []string{id("id") + "::int8", id("aggregate_id") + "::text"}
+	if types["payload"] == "bytea" {
+		sel = append(sel, id("payload"))
+	} else {
+		sel = append(sel, id("payload")+"::text")
+	}
+	if types["topic"] != "" {
+		t.hasTopic = true
+		sel = append(sel, id("topic")+"::text")
+	} else {
+		if cfg.DefaultTopic == "" {
+			return nil, missing("topic", "add it (see migrations/001_outbox.sql) or configure a default topic")
+		}
+		sel = append(sel, "NULL::text")
+	}
+	switch types["created_at"] {
+	case "":
+		sel = append(sel, "NULL::timestamptz")
+	case "timestamptz":
+		t.hasCreated = true
+		sel = append(sel, id("created_at"))
+	case "timestamp":
+		t.hasCreated = true
+		sel = append(sel, id("created_at")+" AT TIME ZONE 'UTC'")
+	default:
+		return nil, halt(ErrSchema, "outbox table %s: column \"created_at\" has type %s, want timestamptz or timestamp", plain, types["created_at"])
+	}
+	if types["event_type"] != "" {
+		sel = append(sel, id("event_type")+"::text")
+	} else {
+		sel = append(sel, "NULL::text")
+	}
+	t.selectSQL = "SELECT " + strings.Join(sel, ", ") + " FROM " + qualified +
+		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+	t.updateSQL = "UPDATE " + qualified + " SET published_at = now() WHERE id = ANY($1)"
+
+	err = conn.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM pg_index
+		 WHERE indrelid = to_regclass($1) AND indpred IS NOT NULL
+		   AND pg_get_expr(indpred, indrelid) ILIKE '%published_at IS NULL%')`, qualified).Scan(&t.hasIndex)
+	if err != nil {
+		return nil, fmt.Errorf("poll: read indexes of %s: %w", plain, err)
+	}
+	return t, nil
+}
