@@ -19,11 +19,14 @@ Usage:
   outboxd slot create [flags]    create the publication and the replication slot
   outboxd slot drop [flags]      drop the replication slot (and, with --publication-too, the publication)
   outboxd slot status [flags]    show the slot, its lag and retained WAL
+  outboxd status [flags]         health of the slot and publication; exit 1 on a problem (--json)
+  outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd help                   this text
 
 Every flag can also be set as an environment variable: OUTBOXD_ and the flag's
-name in upper case with - as _ (--pg-dsn is OUTBOXD_PG_DSN). A flag given on
-the command line wins. Run "outboxd <command> --help" for its flags.
+name in upper case with - as _ (--pg-dsn is OUTBOXD_PG_DSN), or as a key of the
+YAML file given by --config (pg-dsn: ...). Precedence: flag > env > file >
+default. Run "outboxd <command> --help" for its flags.
 `
 
 func dispatch(ctx context.Context, args []string) error {
@@ -50,9 +53,16 @@ func dispatch(ctx context.Context, args []string) error {
 			return cmdSlotStatus(ctx, rest[1:])
 		}
 		return fmt.Errorf("unknown slot subcommand %q: use create, drop or status", rest[0])
+	case "status":
+		return cmdStatus(ctx, rest)
+	case "config":
+		if len(rest) == 0 || rest[0] != "check" {
+			return fmt.Errorf("config needs a subcommand: check")
+		}
+		return cmdConfigCheck(ctx, rest[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(os.Stdout, usage)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "help"}, ", "))
+	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "config", "help"}, ", "))
 }

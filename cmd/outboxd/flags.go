@@ -37,6 +37,8 @@ type options struct {
 	metricsAddr     string
 	pub             publisher.Config
 	poll            pollOptions // --source=poll: poll.go
+	kafkaSec        kafkaSecurity
+	slotPoll        time.Duration
 	hooks           stringList
 
 	// slot drop
@@ -53,6 +55,7 @@ func newFlagSet(name string, o *options) *flag.FlagSet {
 	fs.StringVar(&o.slot.Table, "table", o.slot.Table, "outbox table")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines instead of console text")
+	fs.String(configFlag, "", "YAML file of settings, keys named like the flags (precedence: flag > env > file > default)")
 	return fs
 }
 
@@ -67,6 +70,8 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
 	addPollFlags(fs, o)
+	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
+	addKafkaSecurityFlags(fs, &o.kafkaSec)
 	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows whose topic column is absent or NULL")
 	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) here instead of halting")
 	fs.IntVar(&o.pub.MaxInFlightEvents, "max-in-flight-events", o.pub.MaxInFlightEvents, "events produced and not yet acknowledged before reading pauses")
@@ -80,8 +85,14 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 }
 
 // parse parses args, then fills every flag not given on the command line
-// from its OUTBOXD_* environment variable.
+// from its OUTBOXD_* environment variable, else from the --config file.
 func parse(fs *flag.FlagSet, args []string) error {
+	_, err := parseSources(fs, args, os.LookupEnv)
+	return err
+}
+
+// parseSources is parse, reporting where each setting came from.
+func parseSources(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) (map[string]string, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
 		fs.VisitAll(func(f *flag.Flag) {
@@ -90,27 +101,16 @@ func parse(fs *flag.FlagSet, args []string) error {
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
+			return nil, errUsage
 		}
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var errs []error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] {
-			return
-		}
-		if v, ok := os.LookupEnv(envName(f.Name)); ok {
-			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("%s=%q: %w", envName(f.Name), v, err))
-			}
-		}
-	})
-	return errors.Join(errs...)
+	return resolve(fs, set, lookupEnv)
 }
 
 func envName(flagName string) string {
@@ -143,6 +143,14 @@ func (o *options) kafkaConfig() (publisher.KafkaConfig, error) {
 	k.Compression = o.compression
 	k.Linger = o.linger
 	k.MaxMessageBytes = o.maxMessageBytes
+	if err := o.kafkaSec.validate(); err != nil {
+		return k, errors.Join(k.Validate(), err)
+	}
+	configure, err := o.kafkaSec.configure()
+	if err != nil {
+		return k, errors.Join(k.Validate(), err)
+	}
+	k.Configure = configure
 	return k, k.Validate()
 }
 

@@ -49,6 +49,9 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err := prepare(ctx, &o, logger); err != nil {
 		return err
 	}
+	if err := checkKafkaConfig(ctx, kcfg, &o.kafkaSec, logger); err != nil {
+		return err
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -89,7 +92,7 @@ func cmdRun(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("--metrics-addr %q: %w", o.metricsAddr, err)
 		}
-		srv := &http.Server{Handler: healthMux(reg, svc), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: healthMux(reg, svc, o.slot.Slot), ReadHeaderTimeout: 5 * time.Second}
 		g.Add(func() error {
 			logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -101,6 +104,10 @@ func cmdRun(ctx context.Context, args []string) error {
 			defer cancel()
 			_ = srv.Shutdown(ctx)
 		})
+		// The slot poller: lag bytes and retained WAL for the metrics.
+		p := &slotPoller{dsn: o.pgDSN, cfg: o.slot, interval: o.slotPoll, m: metrics, log: logger.Named("slot-poller")}
+		pctx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return p.run(pctx) }, func(error) { cancel() })
 	}
 	err = g.Run()
 	if errors.Is(err, run.ErrSignal) {
@@ -132,7 +139,11 @@ func prepare(ctx context.Context, o *options, logger *zap.Logger) error {
 	return nil
 }
 
-func healthMux(reg *prometheus.Registry, svc *publisher.Service) *http.ServeMux {
+// healthMux serves /metrics, /healthz (the process answers) and /readyz:
+// 200 while streaming as the active instance or waiting as a healthy standby
+// (the body says which), 503 while starting, restarting after an error, or
+// stopped.
+func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -141,11 +152,16 @@ func healthMux(reg *prometheus.Registry, svc *publisher.Service) *http.ServeMux 
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := svc.State()
 		switch st {
-		case publisher.StateStreaming, publisher.StateStandby:
-			fmt.Fprintln(w, st)
+		case publisher.StateStreaming:
+			fmt.Fprintf(w, "ready: active, streaming from slot %q\n", slotName)
+		case publisher.StateStandby:
+			fmt.Fprintf(w, "ready: standby, another process holds slot %q\n", slotName)
+		case publisher.StateRestarting:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "not ready: restarting after an error")
 		default:
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, st)
+			fmt.Fprintf(w, "not ready: %s\n", st)
 		}
 	})
 	return mux

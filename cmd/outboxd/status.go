@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/slot"
+)
+
+// statusReport is what "outboxd status --json" prints.
+type statusReport struct {
+	OK          bool              `json:"ok"`
+	Problems    []string          `json:"problems"`
+	Slot        statusSlot        `json:"slot"`
+	Publication statusPublication `json:"publication"`
+}
+
+type statusSlot struct {
+	Name              string `json:"name"`
+	Exists            bool   `json:"exists"`
+	Plugin            string `json:"plugin,omitempty"`
+	Database          string `json:"database,omitempty"`
+	Active            bool   `json:"active"`
+	ActivePID         int32  `json:"active_pid,omitempty"`
+	ConfirmedFlushLSN string `json:"confirmed_flush_lsn,omitempty"`
+	RestartLSN        string `json:"restart_lsn,omitempty"`
+	CurrentWALLSN     string `json:"current_wal_lsn,omitempty"`
+	LagBytes          int64  `json:"lag_bytes"`
+	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
+	WALStatus         string `json:"wal_status,omitempty"`
+	SafeWALSize       *int64 `json:"safe_wal_size"`
+}
+
+type statusPublication struct {
+	Name   string   `json:"name"`
+	Exists bool     `json:"exists"`
+	Tables []string `json:"tables"`
+}
+
+// errStatus makes "outboxd status" exit 1 after it printed its report.
+var errStatus = errors.New("status: problems found")
+
+func cmdStatus(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("status", &o)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	maxLag := fs.Int64("max-lag-bytes", 0, "also a problem: lag above this many bytes (0: no limit)")
+	maxRetained := fs.Int64("max-retained-wal-bytes", 0, "also a problem: retained WAL above this many bytes (0: no limit)")
+	allowInactive := fs.Bool("allow-inactive", false, "an inactive slot (no outboxd streaming) is not a problem")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	rep, err := buildStatus(ctx, conn, o.slot, statusLimits{*maxLag, *maxRetained, *allowInactive})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else if err := printStatus(os.Stdout, rep); err != nil {
+		return err
+	}
+	if !rep.OK {
+		return fmt.Errorf("%w: %s", errStatus, strings.Join(rep.Problems, "; "))
+	}
+	return nil
+}
+
+type statusLimits struct {
+	maxLag, maxRetained int64
+	allowInactive       bool
+}
+
+func buildStatus(ctx context.Context, conn *pgx.Conn, cfg slot.Config, lim statusLimits) (statusReport, error) {
+	rep := statusReport{
+		Problems:    []string{},
+		Slot:        statusSlot{Name: cfg.Slot},
+		Publication: statusPublication{Name: cfg.Publication, Tables: []string{}},
+	}
+	problem := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
+	st, err := slot.GetStatus(ctx, conn, cfg)
+	switch {
+	case errors.Is(err, slot.ErrSlotMissing):
+		problem("replication slot %q does not exist: run \"outboxd slot create\" (or \"outboxd run\", which creates it)", cfg.Slot)
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)`,
+			cfg.Publication).Scan(&rep.Publication.Exists); err != nil {
+			return rep, fmt.Errorf("status: read publication %q: %w", cfg.Publication, err)
+		}
+	case err != nil:
+		return rep, err
+	default:
+		rep.Slot = statusSlot{
+			Name: st.Slot, Exists: true, Plugin: st.Plugin, Database: st.Database,
+			Active: st.Active, ActivePID: st.ActivePID,
+			ConfirmedFlushLSN: st.ConfirmedFlushLSN.String(), RestartLSN: st.RestartLSN.String(),
+			CurrentWALLSN: st.CurrentWALLSN.String(),
+			LagBytes:      st.LagBytes, RetainedWALBytes: st.RetainedWALBytes,
+			WALStatus: st.WALStatus, SafeWALSize: st.SafeWALSize,
+		}
+		rep.Publication.Exists = st.Publication != ""
+		if st.PublicationTables != nil {
+			rep.Publication.Tables = st.PublicationTables
+		}
+		if st.Plugin != "pgoutput" {
+			problem("replication slot %q uses plugin %q, outboxd needs \"pgoutput\"", st.Slot, st.Plugin)
+		}
+		switch st.WALStatus {
+		case "lost":
+			problem("replication slot %q lost WAL it needed (wal_status lost): events were not published; drop and re-create the slot, then re-publish from the outbox table", st.Slot)
+		case "unreserved":
+			problem("replication slot %q holds more WAL than max_wal_size (wal_status unreserved): the next checkpoint may remove it unless outboxd catches up", st.Slot)
+		}
+		if !st.Active && !lim.allowInactive {
+			problem("no process streams from replication slot %q: outboxd is not running (or is restarting)", st.Slot)
+		}
+		if lim.maxLag > 0 && st.LagBytes > lim.maxLag {
+			problem("lag %d bytes is above --max-lag-bytes %d", st.LagBytes, lim.maxLag)
+		}
+		if lim.maxRetained > 0 && st.RetainedWALBytes > lim.maxRetained {
+			problem("retained WAL %d bytes is above --max-retained-wal-bytes %d", st.RetainedWALBytes, lim.maxRetained)
+		}
+	}
+	table := cfg.Schema + "." + cfg.Table
+	switch {
+	case !rep.Publication.Exists:
+		problem("publication %q does not exist: run \"outboxd slot create\"", cfg.Publication)
+	case rep.Slot.Exists && !slices.Contains(rep.Publication.Tables, table):
+		problem("publication %q does not publish %s", cfg.Publication, table)
+	}
+	rep.OK = len(rep.Problems) == 0
+	return rep, nil
+}
+
+func printStatus(w io.Writer, rep statusReport) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+	s := rep.Slot
+	row("slot", s.Name)
+	if s.Exists {
+		row("plugin", s.Plugin)
+		active := "no"
+		if s.Active {
+			active = fmt.Sprintf("yes (pid %d)", s.ActivePID)
+		}
+		row("active", active)
+		row("confirmed lsn", s.ConfirmedFlushLSN)
+		row("current wal lsn", s.CurrentWALLSN)
+		row("lag", bytesText(s.LagBytes))
+		row("retained wal", bytesText(s.RetainedWALBytes))
+		safe := "unlimited (max_slot_wal_keep_size = -1)"
+		if s.SafeWALSize != nil {
+			safe = bytesText(*s.SafeWALSize)
+		}
+		row("wal_status", s.WALStatus)
+		row("safe wal size", safe)
+	} else {
+		row("exists", "no")
+	}
+	pub := rep.Publication.Name
+	if !rep.Publication.Exists {
+		pub += " (missing)"
+	} else if len(rep.Publication.Tables) > 0 {
+		pub += " (" + strings.Join(rep.Publication.Tables, ", ") + ")"
+	}
+	row("publication", pub)
+	if rep.OK {
+		row("status", "OK")
+	} else {
+		row("status", fmt.Sprintf("%d problem(s)", len(rep.Problems)))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintf(w, "  - %s\n", p)
+	}
+	return nil
+}
+
+// bytesText is n bytes with a binary-unit approximation.
+func bytesText(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%d B (%.1f %ciB)", n, float64(n)/float64(div), "KMGTP"[exp])
+}
