@@ -1,0 +1,257 @@
+package main
+
+// End-to-end tests of what operators see: /metrics, /healthz, /readyz and
+// "outboxd status", against the real binary, PostgreSQL and Kafka.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var metricsAddrLog = regexp.MustCompile(`serving metrics\s+\{"addr": "([^"]+)"\}`)
+
+// startWithMetrics starts outboxd with --metrics-addr on a free port and
+// returns the daemon and its base URL.
+func (e *env) startWithMetrics(extra ...string) (*daemon, string) {
+	e.t.Helper()
+	d := startDaemon(e.t, e.args(append([]string{"--metrics-addr", "127.0.0.1:0"}, extra...)...)...)
+	d.waitLog("serving metrics", 60*time.Second)
+	m := metricsAddrLog.FindStringSubmatch(d.out.String())
+	if m == nil {
+		e.t.Fatalf("no metrics address in the log:\n%s", d.out.String())
+	}
+	return d, "http://" + m[1]
+}
+
+func get(t testing.TB, url string) (int, string) {
+	t.Helper()
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+// scrape reads /metrics into name{labels} → value (labels as exposed).
+func scrape(t testing.TB, base string) map[string]float64 {
+	t.Helper()
+	code, body := get(t, base+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: HTTP %d", code)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("/metrics line %q: %v", line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// one returns the value of a series that must exist.
+func one(t testing.TB, m map[string]float64, series string) float64 {
+	t.Helper()
+	v, ok := m[series]
+	if !ok {
+		t.Fatalf("no series %s in /metrics", series)
+	}
+	return v
+}
+
+func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	// A linger makes Kafka acknowledge in batches every 700 ms: events stay
+	// in flight long enough for the lag to be seen mid-run.
+	d, base := e.startWithMetrics("--slot-poll-interval", "200ms", "--kafka-linger", "700ms")
+	d.waitLog("streaming", 60*time.Second)
+	before := scrape(t, base)
+	topic := fmt.Sprintf(`{topic=%q}`, e.topic)
+	for _, s := range []string{"outboxd_standby", "outboxd_lag_seconds", "outboxd_in_flight_events", `outboxd_pipeline_restarts_total{cause="kafka"}`} {
+		if v := one(t, before, s); v != 0 {
+			t.Errorf("%s = %v before any event, want 0", s, v)
+		}
+	}
+
+	const total = 3000
+	writeDone := make(chan error, 1)
+	go func() {
+		writeDone <- e.write(context.Background(), load{writers: 2, aggregates: 40, total: total, maxTxn: 20, pause: 5 * time.Millisecond})
+	}()
+	var maxLagSec, maxLagBytes, maxInFlight float64
+	for writing := true; writing; {
+		select {
+		case err := <-writeDone:
+			if err != nil {
+				t.Fatal(err)
+			}
+			writing = false
+		case <-time.After(100 * time.Millisecond):
+		}
+		m := scrape(t, base)
+		maxLagSec = max(maxLagSec, one(t, m, "outboxd_lag_seconds"))
+		maxLagBytes = max(maxLagBytes, one(t, m, "outboxd_lag_bytes"))
+		maxInFlight = max(maxInFlight, one(t, m, "outboxd_in_flight_events"))
+	}
+
+	// Idle: everything acknowledged, and the lag back to ~0.
+	var m map[string]float64
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m = scrape(t, base)
+		if m["outboxd_events_published_total"+topic] == total && m["outboxd_lag_seconds"] == 0 &&
+			m["outboxd_lag_bytes"] < 64<<10 && m["outboxd_in_flight_events"] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not idle 30 s after the last write: published %v of %d, lag %v s / %v bytes, in flight %v",
+				m["outboxd_events_published_total"+topic], total, m["outboxd_lag_seconds"], m["outboxd_lag_bytes"], m["outboxd_in_flight_events"])
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("during the run: max lag %.3f s, %.0f bytes, %.0f events in flight; idle: lag %.3f s, %.0f bytes, retained WAL %.0f bytes",
+		maxLagSec, maxLagBytes, maxInFlight, m["outboxd_lag_seconds"], m["outboxd_lag_bytes"], m["outboxd_slot_retained_wal_bytes"])
+	if maxLagSec <= 0 || maxLagBytes <= 0 || maxInFlight <= 0 {
+		t.Errorf("lag and in-flight never moved during the run: %.3f s, %.0f bytes, %.0f events", maxLagSec, maxLagBytes, maxInFlight)
+	}
+	if got := one(t, m, "outboxd_bytes_published_total"+topic); got < total*50 {
+		t.Errorf("bytes published %v, want ≥ %d", got, total*50)
+	}
+	if got := one(t, m, "outboxd_commit_to_ack_seconds_count"); got != total {
+		t.Errorf("commit-to-ack histogram count %v, want %d", got, total)
+	}
+	if got := one(t, m, "outboxd_commit_to_ack_seconds_sum"); got <= 0 {
+		t.Errorf("commit-to-ack histogram sum %v, want > 0", got)
+	}
+	if got := one(t, m, `outboxd_commit_to_ack_seconds_bucket{le="0.0005"}`); got >= total {
+		t.Errorf("every ack within 0.5 ms despite a 700 ms linger: histogram not observing latency")
+	}
+	if m["outboxd_confirmed_lsn"] <= before["outboxd_confirmed_lsn"] || m["outboxd_received_lsn"] < m["outboxd_confirmed_lsn"] {
+		t.Errorf("LSNs: confirmed %v (was %v), received %v", m["outboxd_confirmed_lsn"], before["outboxd_confirmed_lsn"], m["outboxd_received_lsn"])
+	}
+	if one(t, m, "outboxd_server_wal_lsn") < m["outboxd_confirmed_lsn"] {
+		t.Errorf("server WAL LSN %v behind confirmed %v", m["outboxd_server_wal_lsn"], m["outboxd_confirmed_lsn"])
+	}
+	if one(t, m, `outboxd_slot_polls_total{result="ok"}`) < 2 || m["outboxd_slot_retained_wal_bytes"] <= 0 {
+		t.Errorf("slot poller: %v polls, retained %v bytes", m[`outboxd_slot_polls_total{result="ok"}`], m["outboxd_slot_retained_wal_bytes"])
+	}
+	if code, body := get(t, base+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	d.stop()
+}
+
+func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	// A long first backoff keeps the restarting state visible.
+	a, aURL := e.startWithMetrics("--restart-backoff-min", "4s", "--restart-backoff-max", "4s")
+	a.waitLog("streaming", 60*time.Second)
+	waitReady := func(name, url string, code int, body string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			c, b := get(t, url+"/readyz")
+			if c == code && strings.Contains(b, body) {
+				t.Logf("%s /readyz: %d %s", name, c, strings.TrimSpace(b))
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s /readyz: %d %q, want %d and %q", name, c, b, code, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitReady("active", aURL, http.StatusOK, "ready: active")
+
+	b, bURL := e.startWithMetrics("--standby-poll-interval", "300ms")
+	b.waitLog("standby: another process holds the slot", 30*time.Second)
+	waitReady("standby", bURL, http.StatusOK, "ready: standby")
+	if v := one(t, scrape(t, bURL), "outboxd_standby"); v != 1 {
+		t.Errorf("standby's outboxd_standby = %v, want 1", v)
+	}
+
+	// Kill the active instance's walsender: its pipeline fails and waits
+	// out the backoff, not ready; the standby takes over.
+	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
+	waitReady("restarting", aURL, http.StatusServiceUnavailable, "not ready: restarting")
+	if v := one(t, scrape(t, aURL), `outboxd_pipeline_restarts_total{cause="postgres"}`); v != 1 {
+		t.Errorf("restarts by cause postgres = %v, want 1", v)
+	}
+	waitReady("former standby", bURL, http.StatusOK, "ready: active")
+	waitReady("former active", aURL, http.StatusOK, "ready: standby")
+	if code, _ := get(t, aURL+"/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz %d", code)
+	}
+	a.stop()
+	b.stop()
+}
+
+// runOnce runs outboxd to completion and returns its exit code and output.
+func runOnce(t *testing.T, args ...string) (int, string) {
+	t.Helper()
+	d := startDaemon(t, args...)
+	code := d.wait(60 * time.Second)
+	return code, d.out.String()
+}
+
+func TestStatusCommand(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	common := []string{"--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot}
+
+	code, out := runOnce(t, append([]string{"status"}, common...)...)
+	if code != 1 || !strings.Contains(out, fmt.Sprintf("replication slot %q does not exist", e.slot)) {
+		t.Fatalf("status before the slot exists: exit %d\n%s", code, out)
+	}
+
+	d := e.start()
+	code, out = runOnce(t, append([]string{"status"}, common...)...)
+	t.Logf("status of a running outboxd:\n%s", out)
+	if code != 0 || !strings.Contains(out, "active") || !strings.Contains(out, "yes (pid ") || !strings.Contains(out, "status") {
+		t.Fatalf("status while running: exit %d\n%s", code, out)
+	}
+	code, out = runOnce(t, append([]string{"status", "--json"}, common...)...)
+	var rep statusReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
+		t.Fatalf("status --json: exit %d, %v\n%s", code, err, out)
+	}
+	if !rep.OK || !rep.Slot.Active || rep.Slot.ActivePID == 0 || rep.Slot.WALStatus != "reserved" ||
+		!rep.Publication.Exists || len(rep.Publication.Tables) != 1 || rep.Slot.ConfirmedFlushLSN == "" {
+		t.Fatalf("status --json: %+v", rep)
+	}
+	code, out = runOnce(t, append([]string{"status", "--max-retained-wal-bytes", "1"}, common...)...)
+	if code != 1 || !strings.Contains(out, "above --max-retained-wal-bytes 1") {
+		t.Fatalf("status with a retained-WAL limit of 1 byte: exit %d\n%s", code, out)
+	}
+
+	d.stop()
+	code, out = runOnce(t, append([]string{"status", "--json"}, common...)...)
+	if code != 1 || !strings.Contains(out, "no process streams from replication slot") {
+		t.Fatalf("status with outboxd stopped: exit %d\n%s", code, out)
+	}
+	code, out = runOnce(t, append([]string{"status", "--allow-inactive"}, common...)...)
+	if code != 0 {
+		t.Fatalf("status --allow-inactive with outboxd stopped: exit %d\n%s", code, out)
+	}
+}
