@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// withPassword puts a password into a postgres:// DSN. The dev stack trusts
+// loopback, so the server ignores it: it is there to be kept secret.
+func withPassword(t *testing.T, dsn, password string) string {
+	t.Helper()
+	const p = "postgres://postgres@"
+	if !strings.HasPrefix(dsn, p) {
+		t.Fatalf("unexpected DSN form %s", dsn)
+	}
+	return "postgres://postgres:" + password + "@" + strings.TrimPrefix(dsn, p)
+}
+
+// noSecrets fails the test if any secret occurs in out.
+func noSecrets(t *testing.T, what, out string, secrets ...string) {
+	t.Helper()
+	for _, s := range secrets {
+		if strings.Contains(out, s) {
+			t.Errorf("%s contains a secret (%d chars): %s", what, len(s), out)
+		}
+	}
+}
+
+func TestRunKafkaSASL(t *testing.T) {
+	t.Parallel()
+	ks := testenv.StartKafkaSASL(t)
+	pgSecret := "pg-" + testenv.UniqueName("secret")
+
+	for _, mech := range []string{"SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"} {
+		t.Run(mech, func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.Postgres(t)
+			e := &env{t: t, dsn: withPassword(t, pg.DSN, pgSecret), brokers: ks.SASLBrokers,
+				topic: testenv.UniqueName("sasl"), slot: testenv.UniqueName("slot")}
+			createTopic(t, ks.Brokers, e.topic, 1) // over the PLAINTEXT listener
+			e.migrate()
+
+			// The password from a file (mode 0600), the DSN secret on the
+			// command line: debug logging, /metrics, config check: no secret.
+			pwFile := filepath.Join(t.TempDir(), "kafka-password")
+			if err := os.WriteFile(pwFile, []byte(ks.Password+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			sasl := []string{"--kafka-sasl-mechanism", mech, "--kafka-sasl-username", ks.User,
+				"--kafka-sasl-password-file", pwFile, "--log-level", "debug"}
+			d, base := e.startWithMetrics(sasl...)
+			d.waitLog("streaming", 60*time.Second)
+			if err := e.write(context.Background(), load{writers: 1, aggregates: 10, total: 200, maxTxn: 10}); err != nil {
+				t.Fatal(err)
+			}
+			want := e.rows()
+			v := verify(t, want, consume(t, ks.Brokers, e.topic, want, time.Minute))
+			if v != (verdict{}) {
+				t.Fatalf("over SASL %s: %s", mech, v)
+			}
+			_, metrics := get(t, base+"/metrics")
+			d.stop()
+			t.Logf("SASL %s: %d events published, %d lines of debug output", mech, len(want), strings.Count(d.out.String(), "\n"))
+			noSecrets(t, "outboxd output", d.out.String(), ks.Password, pgSecret)
+			noSecrets(t, "/metrics", metrics, ks.Password, pgSecret)
+
+			// The password from the environment, through config check.
+			code, out := runEnv(t, []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + ks.Password},
+				append([]string{"config", "check", "--pg-dsn", e.dsn, "--kafka-brokers", ks.SASLBrokers[0]}, sasl[:4]...)...)
+			if code != 0 || !strings.Contains(out, "kafka-sasl-password: REDACTED # env OUTBOXD_KAFKA_SASL_PASSWORD") ||
+				!strings.Contains(out, "postgres:REDACTED@") {
+				t.Fatalf("config check: exit %d\n%s", code, out)
+			}
+			noSecrets(t, "config check", out, ks.Password, pgSecret)
+		})
+	}
+
+	t.Run("wrong password", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.Postgres(t)
+		e := &env{t: t, dsn: withPassword(t, pg.DSN, pgSecret), brokers: ks.SASLBrokers, slot: testenv.UniqueName("slot")}
+		e.migrate()
+		wrong := "wrong-" + testenv.UniqueName("pw")
+		args := e.args("--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User, "--log-level", "debug")
+		code, out := runEnv(t, []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + wrong}, args...)
+		want := fmt.Sprintf(`outboxd: Kafka: SASL authentication as %q with SCRAM-SHA-512 failed (check --kafka-sasl-username, the password and --kafka-sasl-mechanism): kafka: client has run out of available brokers to talk to: kafka server: SASL Authentication failed: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512`, ks.User)
+		if code != 1 || lastLine(out) != want {
+			t.Fatalf("wrong password: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", code, lastLine(out), want)
+		}
+		// One error: besides sarama's own debug lines, the failure is
+		// reported once, by the last line.
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "SASL Authentication failed") && !strings.Contains(l, "\tDEBUG\t") {
+				n++
+			}
+		}
+		if n != 1 {
+			t.Errorf("the SASL failure is reported %d times, want once:\n%s", n, out)
+		}
+		noSecrets(t, "outboxd output", out, wrong, ks.Password, pgSecret)
+		// And no password at all: a clear configuration error.
+		code, out = runEnv(t, nil, args...)
+		if code != 1 || !strings.HasSuffix(out, "Kafka SASL: no password: set OUTBOXD_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file\n") {
+			t.Errorf("without a password: exit %d\n%s", code, out)
+		}
+	})
+}
+
+// psql finds the psql binary.
+func psql(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("psql"); err == nil {
+		return p
+	}
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql"); len(m) > 0 {
+		return m[len(m)-1]
+	}
+	t.Fatal("psql not found (dev/stack deps installs it)")
+	return ""
+}
+
+func TestRunAsLeastPrivilegeRole(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	role := testenv.UniqueName("outboxd_role")
+	sqlFile := filepath.Join(testenv.RepoRoot(t), "deploy", "least-privilege.sql")
+	cmd := exec.Command(psql(t), "-X", "-q", "-d", e.dsn, "-v", "role="+role, "-v", "publication="+e.slot, "-f", sqlFile)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("psql -f deploy/least-privilege.sql: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP PUBLICATION IF EXISTS %s; DROP OWNED BY %s; DROP ROLE %s`, e.slot, role, role)) })
+
+	var super, createDB, createRole, repl bool
+	c := e.conn()
+	err := c.QueryRow(context.Background(), `SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication FROM pg_roles WHERE rolname = $1`,
+		role).Scan(&super, &createDB, &createRole, &repl)
+	c.Close(context.Background())
+	if err != nil || super || createDB || createRole || !repl {
+		t.Fatalf("role %s: super %v createdb %v createrole %v replication %v (%v)", role, super, createDB, createRole, repl, err)
+	}
+
+	admin := e.dsn
+	e.dsn = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
+	d := e.start() // creates the slot as the role
+	e.dsn = admin
+	if err := e.write(context.Background(), load{writers: 2, aggregates: 20, total: 1000, maxTxn: 10}); err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	v := verify(t, want, consume(t, e.brokers, e.topic, want, time.Minute))
+	t.Logf("as least-privilege role %s: %d events: %s", role, len(want), v)
+	if v != (verdict{}) {
+		t.Fatalf("as the least-privilege role: %s", v)
+	}
+	d.stop()
+
+	// The role really has no access to the table's rows.
+	e.dsn = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
+	c = e.conn()
+	_, err = c.Exec(context.Background(), `SELECT count(*) FROM outbox`)
+	c.Close(context.Background())
+	e.dsn = admin
+	if err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("SELECT on outbox as the role: %v, want permission denied", err)
+	}
+}
+
+// runEnv runs outboxd to completion with extra environment variables and
+// returns its exit code and all its output.
+func runEnv(t *testing.T, extraEnv []string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binPath, args...)
+	cmd.Env = append(cleanEnv(), extraEnv...)
+	out, _ := cmd.CombinedOutput()
+	return cmd.ProcessState.ExitCode(), string(out)
+}

@@ -1,0 +1,60 @@
+-- A least-privilege PostgreSQL role for outboxd (the CDC source).
+--
+-- What outboxd needs, and nothing more:
+--   LOGIN REPLICATION   log in, open a replication connection, create and use
+--                       its logical replication slot (pgoutput);
+--   CONNECT             to the database of the outbox table;
+--   USAGE on the schema to resolve the outbox table by name in the preflight
+--                       checks (the catalogs it reads are readable by all).
+-- It needs no privilege on the outbox table itself: pgoutput decodes the
+-- table's rows from the WAL, and the publication below is created here, by
+-- the table's owner, because CREATE PUBLICATION ... FOR TABLE requires
+-- owning the table. Start outboxd with this role as usual: it creates the
+-- slot itself (REPLICATION suffices) and finds the publication in place.
+--
+-- Not superuser, not CREATEDB/CREATEROLE, no ownership of anything.
+--
+-- Run it as a superuser (or as the outbox table's owner with CREATEROLE), in
+-- the database that holds the outbox table:
+--
+--   psql -d mydb -v role=outboxd -v publication=outboxd -f deploy/least-privilege.sql
+--
+-- Variables (all optional): role (outboxd), schema (public), table (outbox),
+-- publication (outboxd). It sets no password, on purpose: this file lives in
+-- git. Give the role its secret out of band, for instance in psql with
+--   \password outboxd
+-- or authenticate it by client certificate (pg_hba.conf "hostssl ... cert"),
+-- and allow replication connections for it in pg_hba.conf:
+--   hostssl replication outboxd 10.0.0.0/8 scram-sha-256
+--   hostssl mydb        outboxd 10.0.0.0/8 scram-sha-256
+-- outboxd connects with the same DSN for both (sslmode=verify-full advised).
+\set ON_ERROR_STOP on
+\if :{?role}
+\else
+  \set role outboxd
+\endif
+\if :{?schema}
+\else
+  \set schema public
+\endif
+\if :{?table}
+\else
+  \set table outbox
+\endif
+\if :{?publication}
+\else
+  \set publication outboxd
+\endif
+
+BEGIN;
+CREATE ROLE :"role" LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT;
+GRANT CONNECT ON DATABASE :"DBNAME" TO :"role";
+GRANT USAGE ON SCHEMA :"schema" TO :"role";
+-- Inserts only: outboxd publishes INSERTs; updates and deletes of outbox rows
+-- (cleanup jobs) are not decoded for it.
+CREATE PUBLICATION :"publication" FOR TABLE :"schema".:"table" WITH (publish = 'insert');
+COMMIT;
+
+-- The polling source (outboxd run --source=poll) reads and marks rows instead
+-- of decoding WAL; it needs neither REPLICATION nor the publication, but:
+--   GRANT SELECT, UPDATE (published_at) ON :"schema".:"table" TO :"role";
