@@ -113,10 +113,10 @@ func TestConfigFileErrors(t *testing.T) {
 func TestRedactDSN(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"postgres://u:s3cret@db:5432/x?sslmode=verify-full":          "postgres://u:REDACTED@db:5432/x?sslmode=verify-full",
-		"postgresql://u@db/x?password=s3cret&sslmode=require":         "postgresql://u@db/x?password=REDACTED&sslmode=require",
-		"postgres://u@db/x":                                           "postgres://u@db/x",
-		"host=db user=u password=s3cret dbname=x":                     "host=db user=u password=REDACTED dbname=x",
+		"postgres://u:s3cret@db:5432/x?sslmode=verify-full":   "postgres://u:REDACTED@db:5432/x?sslmode=verify-full",
+		"postgresql://u@db/x?password=s3cret&sslmode=require": "postgresql://u@db/x?password=REDACTED&sslmode=require",
+		"postgres://u@db/x":                                            "postgres://u@db/x",
+		"host=db user=u password=s3cret dbname=x":                      "host=db user=u password=REDACTED dbname=x",
 		"host=db password = 's3 cret\\'x' sslpassword=s3cret dbname=x": "host=db password = REDACTED sslpassword=REDACTED dbname=x",
 	} {
 		if got := redactDSN(in); got != want || strings.Contains(got, "s3") {

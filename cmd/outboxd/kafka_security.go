@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -241,6 +242,11 @@ func checkKafka(ctx context.Context, sc *sarama.Config, brokers []string, sec *k
 		return &KafkaAuthError{Msg: "Kafka: TLS verification of the broker failed (check --kafka-tls-ca-file and --kafka-tls-server-name)", Err: err}
 	case errors.As(err, &recordErr):
 		return &KafkaAuthError{Msg: "Kafka: the broker does not speak TLS on that port (drop --kafka-tls, or use its TLS listener)", Err: err}
+	}
+	if errors.Is(err, io.EOF) && sec.SASLMechanism == "" && !sec.tlsEnabled() {
+		log.Warn("Kafka closed the connection at once: if this listener needs TLS or SASL, set --kafka-tls or --kafka-sasl-mechanism; the publisher will keep retrying",
+			zap.Strings("brokers", brokers), zap.Error(err))
+		return nil
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) || errors.Is(err, sarama.ErrOutOfBrokers) {

@@ -137,7 +137,9 @@ func TestRunAsLeastPrivilegeRole(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("psql -f deploy/least-privilege.sql: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP PUBLICATION IF EXISTS %s; DROP OWNED BY %s; DROP ROLE %s`, e.slot, role, role)) })
+	t.Cleanup(func() {
+		e.exec(fmt.Sprintf(`DROP PUBLICATION IF EXISTS %s; DROP OWNED BY %s; DROP ROLE %s`, e.slot, role, role))
+	})
 
 	var super, createDB, createRole, repl bool
 	c := e.conn()
