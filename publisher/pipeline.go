@@ -143,7 +143,7 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan replication.Message) error
 }
 
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
-	r := NewRecord(&m.Event, p.cfg.DefaultTopic, m.Begin.CommitTime)
+	r := NewRecord(&m.Event, p.cfg.DefaultTopic, t.commitTime)
 	r.txn = t
 	if err := p.lim.acquire(ctx, r.size); err != nil {
 		return err
