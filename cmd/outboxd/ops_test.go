@@ -12,8 +12,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 var metricsAddrLog = regexp.MustCompile(`serving metrics\s+\{"addr": "([^"]+)"\}`)
@@ -81,9 +84,12 @@ func one(t testing.TB, m map[string]float64, series string) float64 {
 func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 3)
+	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	// A linger makes Kafka acknowledge in batches every 700 ms: events stay
-	// in flight long enough for the lag to be seen mid-run.
-	d, base := e.startWithMetrics("--slot-poll-interval", "200ms", "--kafka-linger", "700ms")
+	// in flight long enough for the lag to be seen mid-run. One event over
+	// --kafka-max-message-bytes goes to the dead-letter topic.
+	d, base := e.startWithMetrics("--slot-poll-interval", "200ms", "--kafka-linger", "700ms",
+		"--dead-letter-topic", dlq, "--kafka-max-message-bytes", "100000")
 	d.waitLog("streaming", 60*time.Second)
 	before := scrape(t, base)
 	topic := fmt.Sprintf(`{topic=%q}`, e.topic)
@@ -114,12 +120,15 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 		maxInFlight = max(maxInFlight, one(t, m, "outboxd_in_flight_events"))
 	}
 
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('big', $1, jsonb_build_object('pad', repeat('x', 200000)))`, e.topic)
+
 	// Idle: everything acknowledged, and the lag back to ~0.
 	var m map[string]float64
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		m = scrape(t, base)
-		if m["outboxd_events_published_total"+topic] == total && m["outboxd_lag_seconds"] == 0 &&
+		if m["outboxd_events_published_total"+topic] == total && m["outboxd_poison_events_diverted_total"+topic] == 1 &&
+			m["outboxd_lag_seconds"] == 0 &&
 			m["outboxd_lag_bytes"] < 64<<10 && m["outboxd_in_flight_events"] == 0 {
 			break
 		}
@@ -129,6 +138,14 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	var sample []string
+	for k, v := range m {
+		if strings.HasPrefix(k, "outboxd_") && !strings.Contains(k, "_bucket{") {
+			sample = append(sample, fmt.Sprintf("%s %v", k, v))
+		}
+	}
+	slices.Sort(sample)
+	t.Logf("idle /metrics (outboxd_*, buckets left out):\n%s", strings.Join(sample, "\n"))
 	t.Logf("during the run: max lag %.3f s, %.0f bytes, %.0f events in flight; idle: lag %.3f s, %.0f bytes, retained WAL %.0f bytes",
 		maxLagSec, maxLagBytes, maxInFlight, m["outboxd_lag_seconds"], m["outboxd_lag_bytes"], m["outboxd_slot_retained_wal_bytes"])
 	if maxLagSec <= 0 || maxLagBytes <= 0 || maxInFlight <= 0 {
