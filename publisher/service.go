@@ -250,6 +250,11 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 	plErr := pl.Run(hardCtx, out)
 	if plErr != nil {
 		cancelRead() // stop reading; the stream still confirms what was acked
+		if ctx.Err() == nil {
+			// Not ready from now on: closing a producer whose broker is gone
+			// can take its whole retry budget.
+			s.setState(StateRestarting)
+		}
 	}
 	prod.Close()
 	drainResults(prod)
