@@ -45,19 +45,12 @@ CRASH_AFTER=${CRASH_AFTER:-40} # the first batch: outboxd dies after Kafka acked
 ORDERS_TOPIC=brew.orders.v1
 STATUS_TOPIC=brew.order-status.v1
 
-# The post-publish hook: once Kafka acked an order.created event, the order
-# counts as sent to the establishment; the hook records that and emits the
-# status event, in one statement. The status = 'created' guard makes it
-# idempotent: after a crash the event is published again and the hook runs
-# again, changing nothing.
-HOOK="$ORDERS_TOPIC=WITH o AS (
-  UPDATE orders SET status = 'sent_to_establishment', updated_at = now()
-   WHERE id = split_part(\$1, '-', 2)::bigint AND status = 'created'
-  RETURNING id)
-INSERT INTO outbox (aggregate_id, topic, payload)
-SELECT 'order-' || id, '$STATUS_TOPIC',
-       jsonb_build_object('type', 'order.status_changed', 'id', id, 'status', 'sent_to_establishment')
-  FROM o"
+# The post-publish hook (examples/internal/brew.SentHookSQL): once Kafka acked
+# an order.created event, the order counts as sent to the establishment; the
+# hook sets orders.status = 'sent_to_establishment' and emits the
+# order.status_changed event, in one idempotent statement (it runs again when
+# a crash makes outboxd publish the event again).
+HOOK="$("$BIN/democtl" hook)"
 
 # What the establishment reports after the orders went out: valid chains,
 # and three invalid transitions (sent_to_establishment -> completed without

@@ -11,6 +11,7 @@
 //	democtl wait-published         wait until outbox pending = 0
 //	democtl wait-consumed          wait until the group committed every record
 //	democtl check --orders N --invalid N
+//	democtl hook                   print the demo's --hook TOPIC=SQL for outboxd run
 //
 // Settings (flags after the command, or the environment): --pg-dsn
 // (DEMO_PG_DSN, the demo database), --kafka-brokers (OUTBOXD_KAFKA_BROKERS),
@@ -73,7 +74,7 @@ func (s *settings) names() democheck.Names {
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: democtl dsn|reset-db|topics|delete-group|count|wait-published|wait-consumed|check [flags] (see the package doc)")
+		return errors.New("usage: democtl dsn|reset-db|topics|delete-group|count|wait-published|wait-consumed|check|hook [flags] (see the package doc)")
 	}
 	cmd := args[0]
 	s := &settings{}
@@ -101,6 +102,9 @@ func run(ctx context.Context, args []string) error {
 			return err
 		}
 		fmt.Println(dsn)
+		return nil
+	case "hook":
+		fmt.Println(brew.OrdersTopic + "=" + brew.SentHookSQL(brew.StatusTopic))
 		return nil
 	case "reset-db":
 		if len(rest) != 1 {

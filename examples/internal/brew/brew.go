@@ -72,3 +72,21 @@ func ParseAggregateID(s string) (int64, error) {
 	}
 	return id, nil
 }
+
+// SentHookSQL is the demo's post-publish hook for the orders topic (outboxd
+// run --hook ORDERS_TOPIC=SQL; $1 is the event's aggregate id). Once Kafka
+// acked an order.created event the order counts as sent to the
+// establishment: the hook records that and emits the order.status_changed
+// event to statusTopic, in one statement. The status = 'created' guard makes
+// it idempotent: after a crash the event is published again and the hook
+// runs again, changing nothing.
+func SentHookSQL(statusTopic string) string {
+	return `WITH o AS (
+  UPDATE orders SET status = 'sent_to_establishment', updated_at = now()
+   WHERE id = split_part($1, '-', 2)::bigint AND status = 'created'
+  RETURNING id)
+INSERT INTO outbox (aggregate_id, topic, payload)
+SELECT 'order-' || id, '` + strings.ReplaceAll(statusTopic, "'", "''") + `',
+       jsonb_build_object('type', 'order.status_changed', 'id', id, 'status', 'sent_to_establishment')
+  FROM o`
+}
