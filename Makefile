@@ -70,3 +70,25 @@ demo-check: examples
 ## demo: the whole scenario on a fresh dev stack, ending with the check (exit 1 if it fails)
 demo: deps up examples
 	@COUNT=$(COUNT) $(DEMO) demo
+
+## ---- The benchmark (bench/README.md): CDC against polling on the dev stack.
+## Both start the stack if .devstack.env is missing, and then stop it again.
+.PHONY: bench bench-quick
+
+## bench: the full matrix (~15 min): bench/results/{results.md,results.json,bench.png}
+bench: deps
+	@set -euo pipefail; \
+	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
+	set -a; source ./.devstack.env; set +a; \
+	$(GO) build -o bin/outboxd ./cmd/outboxd; \
+	$(GO) run ./bench -outboxd bin/outboxd -out bench/results
+
+## bench-quick: the reduced matrix (< 3 min), the smoke test make test runs
+## (go test ./bench); its report goes to bin/bench-quick/
+bench-quick: deps
+	@set -euo pipefail; \
+	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
+	set -a; source ./.devstack.env; set +a; \
+	CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./bench

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// latencyResult is one source at one load.
+type latencyResult struct {
+	Source string `json:"source"`
+	Load   load   `json:"load"`
+	// The load as achieved.
+	Writers      int     `json:"writers"`
+	Written      int     `json:"written"`
+	WriteSeconds float64 `json:"write_seconds"`
+	AchievedRate float64 `json:"achieved_rate"`
+	// Delivery.
+	Received   int `json:"received"`
+	Missing    int `json:"missing"`
+	Duplicates int `json:"duplicates"`
+	// End-to-end latency: consumer receipt − writer's commit return, ms.
+	P50Ms    float64 `json:"p50_ms"`
+	P95Ms    float64 `json:"p95_ms"`
+	P99Ms    float64 `json:"p99_ms"`
+	MaxMs    float64 `json:"max_ms"`
+	Negative int     `json:"negative"` // arrived before the commit returned (counted as 0)
+	// Order: rows that arrived after a higher id on the same partition, and
+	// of the same key (each key has one sequential writer).
+	LatePartition int `json:"late_partition"`
+	LateKey       int `json:"late_key"`
+	// The publisher process over the measured window.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	CPUMsPer1k float64 `json:"cpu_ms_per_1k"`
+	PeakRSSMiB float64 `json:"peak_rss_mib"`
+	// PostgreSQL: the backends serving the publisher (walsender or poll
+	// connections) and the poller's statements.
+	PGCPUSeconds   float64 `json:"pg_cpu_seconds"`
+	PGCPUMsPer1k   float64 `json:"pg_cpu_ms_per_1k"`
+	PG             pgCost  `json:"pg_statements"`
+	PGBlocksPer1k  float64 `json:"pg_blocks_per_1k"`
+	PGWALBPerEvent float64 `json:"pg_wal_bytes_per_event"`
+	TuplesRead     int64   `json:"tuples_read"`
+	TuplesUpdated  int64   `json:"tuples_updated"`
+	// Machine load (1-minute average) before and after.
+	LoadBefore float64 `json:"load_before"`
+	LoadAfter  float64 `json:"load_after"`
+	ExitCode   int     `json:"exit_code"`
+	Err        string  `json:"error,omitempty"`
+}
+
+type runner struct {
+	stack stack
+	bin   string // outboxd
+	self  string // this program, for the ceiling child
+	plan  plan
+	logf  func(format string, args ...any)
+}
+
+func (r *runner) publisherArgs(db *database, slotName string, s source) []string {
+	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
+		"--slot", slotName, "--publication", slotName, "--log-level", "info"}
+	return append(args, s.args()...)
+}
+
+// latencyCell measures one source at one load in a database and topic of
+// its own.
+func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latencyResult) {
+	res = latencyResult{Source: s.Name, Load: l, Writers: l.writers(), LoadBefore: loadAvg(), ExitCode: -1}
+	defer func() { res.LoadAfter = loadAvg() }()
+	fail := func(err error) latencyResult {
+		res.Err = err.Error()
+		r.logf("  %s at %s: %v", s.Name, l, err)
+		return res
+	}
+	db, err := createDatabase(ctx, r.stack, "bench")
+	if err != nil {
+		return fail(err)
+	}
+	defer db.drop()
+	topic, err := createTopic(r.stack, "bench", r.plan.Partitions)
+	if err != nil {
+		return fail(err)
+	}
+	defer deleteTopic(r.stack, topic)
+	conn, err := db.connect(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer conn.Close(context.Background())
+
+	clk := clock{base: time.Now()}
+	cons, err := startConsumer(r.stack, topic, clk)
+	if err != nil {
+		return fail(err)
+	}
+	consumed := false
+	defer func() {
+		if !consumed {
+			cons.close()
+		}
+	}()
+	pub, err := startChild(r.bin, r.publisherArgs(db, uniqueName("bench"), s))
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		if code := pub.stop(30 * time.Second); res.ExitCode == -1 {
+			res.ExitCode = code
+		}
+	}()
+
+	// Warm-up: once the publisher's server connections exist (under CDC
+	// the slot is created first, and rows before it are not in it), rows
+	// until the first arrives, then a second of traffic.
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		if pids, err := publisherBackends(ctx, conn, db.Name); err == nil && len(pids) > 0 {
+			break
+		}
+		if pub.exited() || time.Now().After(deadline) {
+			return fail(fmt.Errorf("publisher not connected within 60s: %s", pub.tail(5)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	warm := 0
+	for deadline := time.Now().Add(60 * time.Second); cons.count() == 0; {
+		if pub.exited() {
+			return fail(fmt.Errorf("publisher exited during warm-up: %s", pub.tail(5)))
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("no record within 60s of start: %s", pub.tail(5)))
+		}
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('warm', $1, '{}')`, topic); err != nil {
+			return fail(err)
+		}
+		warm++
+		time.Sleep(50 * time.Millisecond)
+	}
+	w, err := writeLoad(ctx, db.DSN, clk, topic, min(l.Rate, 500), 1, 2, r.plan.Aggregates, r.plan.PayloadBytes, time.Second)
+	if err != nil {
+		return fail(err)
+	}
+	warm += len(w)
+	if !cons.waitFor(warm, 60*time.Second) {
+		return fail(fmt.Errorf("warm-up: %d of %d records in 60s", cons.count(), warm))
+	}
+
+	// The measured window.
+	if err := resetStatements(ctx, conn); err != nil {
+		return fail(err)
+	}
+	read0, upd0, err := tableReads(ctx, conn)
+	if err != nil {
+		return fail(err)
+	}
+	pids, err := publisherBackends(ctx, conn, db.Name)
+	if err != nil {
+		return fail(err)
+	}
+	pg0 := backendsCPU(pids)
+	cpu0, err := cpuTime(pub.pid())
+	if err != nil {
+		return fail(err)
+	}
+	began := time.Now()
+	rows, err := writeLoad(ctx, db.DSN, clk, topic, l.Rate, l.TxRows, l.writers(), r.plan.Aggregates, r.plan.PayloadBytes, r.plan.Duration)
+	if err != nil {
+		return fail(err)
+	}
+	res.WriteSeconds = time.Since(began).Seconds()
+	res.Written = len(rows)
+	res.AchievedRate = float64(len(rows)) / res.WriteSeconds
+	complete := cons.waitFor(warm+len(rows), 60*time.Second)
+	cpu1, err := cpuTime(pub.pid())
+	if err != nil {
+		return fail(fmt.Errorf("publisher exited: %s", pub.tail(5)))
+	}
+	pg1 := backendsCPU(pids)
+	if rss, err := peakRSS(pub.pid()); err == nil {
+		res.PeakRSSMiB = float64(rss) / (1 << 20)
+	}
+	res.ExitCode = pub.stop(30 * time.Second)
+	if res.ExitCode != 0 {
+		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.tail(5))
+	}
+	waitNoBackends(ctx, conn, db.Name, 10*time.Second)
+	if res.PG, err = publisherStatements(ctx, conn); err != nil {
+		return fail(err)
+	}
+	read1, upd1, err := tableReads(ctx, conn)
+	if err != nil {
+		return fail(err)
+	}
+	res.TuplesRead, res.TuplesUpdated = read1-read0, upd1-upd0
+
+	per1k := 1000 / float64(max(1, len(rows)))
+	res.CPUSeconds = (cpu1 - cpu0).Seconds()
+	res.CPUMsPer1k = res.CPUSeconds * 1000 * per1k
+	res.PGCPUSeconds = (pg1 - pg0).Seconds()
+	res.PGCPUMsPer1k = res.PGCPUSeconds * 1000 * per1k
+	res.PGBlocksPer1k = float64(res.PG.Blocks) * per1k
+	res.PGWALBPerEvent = float64(res.PG.WALBytes) / float64(max(1, len(rows)))
+
+	consumed = true
+	analyse(&res, rows, cons.close())
+	res.LoadAfter = loadAvg()
+	if !complete && res.Err == "" {
+		res.Err = fmt.Sprintf("%d of %d rows not received within 60s", res.Missing, res.Written)
+	}
+	r.logf("  %-12s %-22s p50 %7.2f  p99 %7.2f  max %7.2f ms  %6.0f ev/s  cpu %5.1f ms/1k  rss %4.0f MiB  late %d/%d  load %.2f",
+		s.Name, l, res.P50Ms, res.P99Ms, res.MaxMs, res.AchievedRate, res.CPUMsPer1k, res.PeakRSSMiB, res.LatePartition, res.LateKey, res.LoadAfter)
+	return res
+}
+
+// analyse joins what was written with what arrived.
+func analyse(res *latencyResult, rows []written, parts [][]receipt) {
+	first := map[int64]stamp{}
+	seen := 0
+	for _, p := range parts {
+		maxID := int64(0)
+		lastByKey := map[int32]int64{}
+		for _, rc := range p {
+			if _, dup := first[rc.id]; dup {
+				res.Duplicates++
+				continue
+			}
+			first[rc.id] = rc.recv
+			seen++
+			if rc.id < maxID {
+				res.LatePartition++
+			}
+			maxID = max(maxID, rc.id)
+			if rc.id < lastByKey[rc.key] {
+				res.LateKey++
+			}
+			lastByKey[rc.key] = max(lastByKey[rc.key], rc.id)
+		}
+	}
+	lat := make([]float64, 0, len(rows))
+	for _, w := range rows {
+		recv, ok := first[w.id]
+		if !ok {
+			res.Missing++
+			continue
+		}
+		res.Received++
+		d := recv - w.commit
+		if d < 0 {
+			res.Negative++
+			d = 0
+		}
+		lat = append(lat, float64(d)/1e6)
+	}
+	if len(lat) == 0 {
+		return
+	}
+	slices.Sort(lat)
+	res.P50Ms, res.P95Ms, res.P99Ms = quantile(lat, 0.50), quantile(lat, 0.95), quantile(lat, 0.99)
+	res.MaxMs = lat[len(lat)-1]
+}
+
+// quantile of sorted values: the smallest value with at least q of them at
+// or below it.
+func quantile(sorted []float64, q float64) float64 {
+	i := int(float64(len(sorted))*q+0.999999) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}

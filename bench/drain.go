@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/slot"
+)
+
+// drainResult is one source draining a preloaded backlog.
+type drainResult struct {
+	Source       string  `json:"source"`
+	Rows         int     `json:"rows"`
+	Seconds      float64 `json:"seconds"` // process start → all rows in Kafka (ceiling: → all decoded)
+	EventsPerSec float64 `json:"events_per_sec"`
+	PctCeiling   float64 `json:"pct_of_ceiling"`
+	CPUSeconds   float64 `json:"cpu_seconds"`
+	CPUMsPer1k   float64 `json:"cpu_ms_per_1k"`
+	PeakRSSMiB   float64 `json:"peak_rss_mib"`
+	PGCPUSeconds float64 `json:"pg_cpu_seconds"`
+	PG           pgCost  `json:"pg_statements"`
+	LoadBefore   float64 `json:"load_before"`
+	LoadAfter    float64 `json:"load_after"`
+	ExitCode     int     `json:"exit_code"`
+	Err          string  `json:"error,omitempty"`
+}
+
+// ceilingName is the drain row of the replication reader with no Kafka.
+const ceilingName = "ceiling (reader, no Kafka)"
+
+// drains preloads the backlog once for the ceiling, CDC and the first poll
+// source (two slots made before the preload hold it for the reader and for
+// CDC; polling reads the table), and again for every further poll source.
+func (r *runner) drains(ctx context.Context) []drainResult {
+	p := r.plan
+	var out []drainResult
+	fail := func(name string, err error) {
+		r.logf("  drain %s: %v", name, err)
+		out = append(out, drainResult{Source: name, Rows: p.DrainRows, Err: err.Error(), ExitCode: -1})
+	}
+	db, err := createDatabase(ctx, r.stack, "drain")
+	if err != nil {
+		fail(ceilingName, err)
+		return out
+	}
+	defer db.drop()
+	topic, err := createTopic(r.stack, "drain", p.Partitions)
+	if err != nil {
+		fail(ceilingName, err)
+		return out
+	}
+	defer deleteTopic(r.stack, topic)
+	conn, err := db.connect(ctx)
+	if err != nil {
+		fail(ceilingName, err)
+		return out
+	}
+	defer conn.Close(context.Background())
+	kc, err := sarama.NewClient(r.stack.Brokers, kafkaConfig())
+	if err != nil {
+		fail(ceilingName, err)
+		return out
+	}
+	defer kc.Close()
+
+	pubName := uniqueName("drain")
+	ceilingSlot, cdcSlot := uniqueName("ceiling"), uniqueName("drain_cdc")
+	for _, s := range []string{ceilingSlot, cdcSlot} {
+		sc := slot.DefaultConfig()
+		sc.Slot, sc.Publication = s, pubName
+		if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
+			fail(ceilingName, err)
+			return out
+		}
+	}
+	loadBacklog := func() error {
+		t0 := time.Now()
+		if err := preload(ctx, db.DSN, topic, p.DrainRows, p.DrainTxRows, p.Aggregates, p.PayloadBytes); err != nil {
+			return err
+		}
+		if err := execSQL(ctx, conn, "VACUUM ANALYZE outbox"); err != nil {
+			return err
+		}
+		r.logf("  preloaded %d rows in %d-row transactions in %.1fs", p.DrainRows, p.DrainTxRows, time.Since(t0).Seconds())
+		return nil
+	}
+	if err := loadBacklog(); err != nil {
+		fail(ceilingName, err)
+		return out
+	}
+
+	ceiling := r.ceiling(ctx, db, ceilingSlot, pubName)
+	out = append(out, ceiling)
+	var inKafka int64 // records already in the topic
+	for i, s := range p.DrainSources {
+		if s.Poll && i > 0 && p.DrainSources[i-1].Poll {
+			if err := execSQL(ctx, conn, "TRUNCATE outbox"); err != nil {
+				fail(s.Name, err)
+				continue
+			}
+			if err := loadBacklog(); err != nil {
+				fail(s.Name, err)
+				continue
+			}
+		}
+		slotName := cdcSlot
+		res := r.drainOne(ctx, db, kc, topic, slotName, pubName, s, inKafka+int64(p.DrainRows))
+		if ceiling.EventsPerSec > 0 {
+			res.PctCeiling = 100 * res.EventsPerSec / ceiling.EventsPerSec
+		}
+		out = append(out, res)
+		if n, err := highWatermarks(kc, topic); err == nil {
+			inKafka = n
+		}
+		if !s.Poll { // the slots have served; drop them so they pin no WAL
+			for _, sl := range []string{ceilingSlot, cdcSlot} {
+				_ = execSQL(ctx, conn, "SELECT pg_drop_replication_slot($1) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", sl)
+			}
+		}
+	}
+	return out
+}
+
+// ceiling runs the ceiling child on the backlog.
+func (r *runner) ceiling(ctx context.Context, db *database, slotName, pubName string) drainResult {
+	res := drainResult{Source: ceilingName, Rows: r.plan.DrainRows, LoadBefore: loadAvg()}
+	c, err := startChild(r.self, []string{"-dsn", db.DSN, "-slot", slotName, "-publication", pubName,
+		"-want", fmt.Sprint(r.plan.DrainRows)}, childEnv+"=ceiling")
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	<-c.done
+	res.LoadAfter = loadAvg()
+	res.ExitCode = c.state.ExitCode()
+	if ru, ok := c.state.SysUsage().(*syscall.Rusage); ok {
+		res.CPUSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+		res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // KiB on Linux
+	}
+	var co ceilingOutput
+	lines := strings.Split(strings.TrimSpace(c.out.String()), "\n")
+	if res.ExitCode != 0 || json.Unmarshal([]byte(lines[len(lines)-1]), &co) != nil {
+		res.Err = fmt.Sprintf("ceiling child exited %d: %s", res.ExitCode, c.tail(5))
+		r.logf("  %s: %s", ceilingName, res.Err)
+		return res
+	}
+	res.Seconds = co.Seconds
+	res.EventsPerSec = float64(co.Events) / co.Seconds
+	res.CPUMsPer1k = res.CPUSeconds * 1e6 / float64(co.Events)
+	r.logf("  drain %-28s %8.0f ev/s  %6.2fs  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
+		res.Source, res.EventsPerSec, res.Seconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
+	return res
+}
+
+// drainOne starts the publisher on the backlog and waits until Kafka holds
+// want records in the topic.
+func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, topic, slotName, pubName string, s source, want int64) drainResult {
+	res := drainResult{Source: s.Name, Rows: r.plan.DrainRows, LoadBefore: loadAvg(), ExitCode: -1}
+	conn, err := db.connect(ctx)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	defer conn.Close(context.Background())
+	if err := resetStatements(ctx, conn); err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
+		"--slot", slotName, "--publication", pubName, "--log-level", "info"}
+	pub, err := startChild(r.bin, append(args, s.args()...))
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	var pids []int
+	var pgCPU time.Duration
+	deadline := time.Now().Add(15 * time.Minute)
+	for {
+		n, err := highWatermarks(kc, topic)
+		if err == nil && n >= want {
+			break
+		}
+		if pub.exited() || time.Now().After(deadline) {
+			res.Err = fmt.Sprintf("%d of %d rows in Kafka when the publisher %s: %s", n-(want-int64(r.plan.DrainRows)), r.plan.DrainRows,
+				map[bool]string{true: "exited", false: "timed out"}[pub.exited()], pub.tail(5))
+			res.ExitCode = pub.stop(30 * time.Second)
+			r.logf("  drain %s: %s", s.Name, res.Err)
+			return res
+		}
+		if p, err := publisherBackends(ctx, conn, db.Name); err == nil && len(p) > 0 {
+			pids = p
+			pgCPU = backendsCPU(pids) // the backends live as long as the publisher
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	res.Seconds = time.Since(pub.started).Seconds()
+	res.EventsPerSec = float64(r.plan.DrainRows) / res.Seconds
+	if c, err := cpuTime(pub.pid()); err == nil {
+		res.CPUSeconds = c.Seconds()
+		res.CPUMsPer1k = res.CPUSeconds * 1e6 / float64(r.plan.DrainRows)
+	}
+	if rss, err := peakRSS(pub.pid()); err == nil {
+		res.PeakRSSMiB = float64(rss) / (1 << 20)
+	}
+	if c := backendsCPU(pids); c > pgCPU {
+		pgCPU = c
+	}
+	res.PGCPUSeconds = pgCPU.Seconds()
+	res.ExitCode = pub.stop(30 * time.Second)
+	res.LoadAfter = loadAvg()
+	if res.ExitCode != 0 {
+		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.tail(5))
+	}
+	res.PG, _ = publisherStatements(ctx, conn)
+	r.logf("  drain %-28s %8.0f ev/s  %6.2fs  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
+		res.Source, res.EventsPerSec, res.Seconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
+	return res
+}

@@ -1,0 +1,155 @@
+// Command bench measures outboxd's CDC publisher against the polling
+// publisher on the local stack, side by side in one run: end-to-end latency
+// at fixed loads, CPU and memory of the publisher process, what each costs
+// PostgreSQL, and how fast each drains a backlog, next to the ceiling of the
+// replication reader with no Kafka. See bench/README.md.
+//
+//	go run ./bench [-quick] [-out bench/results] [-outboxd bin/outboxd]
+//
+// It needs the dev stack (dev/stack up, or OUTBOXD_PG_DSN and
+// OUTBOXD_KAFKA_BROKERS) and writes results.json, results.md and bench.png to
+// -out.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if os.Getenv(childEnv) == "ceiling" {
+		os.Exit(ceilingMain(os.Args[1:]))
+	}
+	if err := benchMain(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func benchMain(args []string) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	quick := fs.Bool("quick", false, "the reduced matrix (smoke check, < 3 min)")
+	out := fs.String("out", "", "folder for results.json, results.md and bench.png (default bench/results, or bench/results/quick with -quick)")
+	bin := fs.String("outboxd", "", "outboxd binary to measure (default: go build ./cmd/outboxd into a temporary folder)")
+	duration := fs.Duration("duration", 0, "override the time each latency cell writes")
+	drainRows := fs.Int("drain-rows", 0, "override the backlog size")
+	only := fs.String("only", "", "run only latency (\"latency\") or only the drains (\"drain\")")
+	profile := fs.String("profile", "", "instead of the matrix: profile the CDC and poll drains in-process, writing pprof files to this folder")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	st, err := stackFromEnv(root)
+	if err != nil {
+		return err
+	}
+	p := fullPlan()
+	if *quick {
+		p = quickPlan()
+	}
+	if *duration > 0 {
+		p.Duration = *duration
+	}
+	if *drainRows > 0 {
+		p.DrainRows = *drainRows
+	}
+	switch *only {
+	case "":
+	case "latency":
+		p.DrainSources, p.DrainRows = nil, 0
+	case "drain":
+		p.Loads = nil
+	default:
+		return fmt.Errorf("-only %q: use latency or drain", *only)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+	if *profile != "" {
+		return profileDrains(ctx, st, p, *profile, logf)
+	}
+	if *out == "" {
+		*out = filepath.Join(root, "bench", "results")
+		if *quick {
+			*out = filepath.Join(*out, "quick")
+		}
+	}
+	if *bin == "" {
+		tmp, err := os.MkdirTemp("", "outboxd-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		if *bin, err = buildOutboxd(root, tmp); err != nil {
+			return err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	rep, err := run(ctx, runner{stack: st, bin: *bin, self: self, plan: p, logf: logf})
+	if err != nil {
+		return err
+	}
+	if err := rep.write(*out); err != nil {
+		return err
+	}
+	logf("wrote %s", *out)
+	if errs := rep.errors(); len(errs) > 0 {
+		return fmt.Errorf("%d cells failed: %w", len(errs), errors.Join(errs...))
+	}
+	return nil
+}
+
+// buildOutboxd compiles ./cmd/outboxd (without the race detector: it is
+// what is measured) into dir.
+func buildOutboxd(root, dir string) (string, error) {
+	bin := filepath.Join(dir, "outboxd")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/outboxd")
+	cmd.Dir = root
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/outboxd: %w", err)
+	}
+	return bin, nil
+}
+
+// run measures every latency cell, then the drains.
+func run(ctx context.Context, r runner) (*report, error) {
+	rep := &report{Plan: r.plan, Machine: machineInfo(ctx, r.stack), Started: time.Now().UTC()}
+	r.logf("bench %s: %d sources × %d loads × %s, then a %d-row backlog; %s",
+		r.plan.Name, len(r.plan.Sources), len(r.plan.Loads), r.plan.Duration, r.plan.DrainRows, rep.Machine.summary())
+	// Interleave sources per load so machine noise spreads over all of them.
+	for _, l := range r.plan.Loads {
+		for _, s := range r.plan.Sources {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			rep.Latency = append(rep.Latency, r.latencyCell(ctx, s, l))
+		}
+	}
+	if r.plan.DrainRows > 0 && len(r.plan.DrainSources) > 0 {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		r.logf("backlog drain, %d rows:", r.plan.DrainRows)
+		rep.Drains = r.drains(ctx)
+	}
+	rep.Finished = time.Now().UTC()
+	rep.Machine.LoadEnd = loadAvg()
+	return rep, nil
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/outboxd/outboxd/poll"
+)
+
+// source is one way of publishing: CDC, or the poller with its settings.
+type source struct {
+	Name     string        `json:"name"`
+	Poll     bool          `json:"poll"`
+	Interval time.Duration `json:"interval_ns,omitempty"`
+	Batch    int           `json:"batch,omitempty"`
+	Workers  int           `json:"workers,omitempty"`
+}
+
+func cdcSource() source { return source{Name: "cdc"} }
+
+func pollSource(interval time.Duration, batch int) source {
+	name := fmt.Sprintf("poll-%s", interval)
+	if batch != poll.DefaultConfig().BatchSize {
+		name += fmt.Sprintf("-b%d", batch)
+	}
+	return source{Name: name, Poll: true, Interval: interval, Batch: batch, Workers: 1}
+}
+
+// args are outboxd run's source flags.
+func (s source) args() []string {
+	if !s.Poll {
+		return nil
+	}
+	return []string{"--source=poll", "--poll-interval=" + s.Interval.String(),
+		fmt.Sprintf("--poll-batch-size=%d", s.Batch), fmt.Sprintf("--poll-workers=%d", s.Workers)}
+}
+
+// load is a target rate in a transaction shape.
+type load struct {
+	Rate   int `json:"rate"`    // events/s
+	TxRows int `json:"tx_rows"` // rows per transaction
+}
+
+func (l load) String() string { return fmt.Sprintf("%d ev/s × %d row/tx", l.Rate, l.TxRows) }
+
+// writers is the writer connections for l: enough for the rate at ~2 ms per
+// commit (fsync on), at least 4 so transactions overlap as in a real
+// service (that is what makes late-committing lower ids happen).
+func (l load) writers() int {
+	tx := l.Rate / l.TxRows
+	return min(16, max(4, tx*2/1000+1))
+}
+
+// plan is what one benchmark run measures.
+type plan struct {
+	Name         string        `json:"name"`
+	Sources      []source      `json:"sources"`
+	Loads        []load        `json:"loads"`
+	Duration     time.Duration `json:"duration_ns"`
+	Partitions   int32         `json:"partitions"`
+	Aggregates   int           `json:"aggregates"`
+	PayloadBytes int           `json:"payload_bytes"`
+	// Backlog drain: DrainRows preloaded in DrainTxRows-row transactions.
+	DrainRows   int `json:"drain_rows"`
+	DrainTxRows int `json:"drain_tx_rows"`
+	// DrainSources are drained from the same kind of backlog, after the
+	// ceiling (the replication reader with no Kafka).
+	DrainSources []source `json:"drain_sources"`
+}
+
+var (
+	loadsFull = []load{{100, 1}, {100, 10}, {1000, 1}, {1000, 10}, {5000, 1}, {5000, 10}}
+)
+
+func fullPlan() plan {
+	b := poll.DefaultConfig().BatchSize
+	return plan{
+		Name:         "full",
+		Sources:      []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
+		Loads:        loadsFull,
+		Duration:     20 * time.Second,
+		Partitions:   3,
+		Aggregates:   1000,
+		PayloadBytes: 200,
+		DrainRows:    1000000,
+		DrainTxRows:  100,
+		DrainSources: []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b),
+			pollSource(100*time.Millisecond, 100)},
+	}
+}
+
+// quickPlan is the smoke-test matrix: every source and every output, small.
+func quickPlan() plan {
+	p := fullPlan()
+	p.Name = "quick"
+	p.Loads = []load{{1000, 10}}
+	p.Duration = 3 * time.Second
+	p.DrainRows = 20000
+	p.DrainSources = p.DrainSources[:2]
+	return p
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/poll"
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/slot"
+)
+
+// profileDrains drains the plan's backlog in this process, wired as
+// outboxd run wires it, once by the replication reader alone, once by CDC
+// and once by the poller, each under the CPU profiler, and writes
+// <name>.cpu.prof and <name>.allocs.prof into dir plus a top-25 summary.
+func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(string, ...any)) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	db, err := createDatabase(ctx, st, "profile")
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	topic, err := createTopic(st, "profile", p.Partitions)
+	if err != nil {
+		return err
+	}
+	defer deleteTopic(st, topic)
+	conn, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	kc, err := sarama.NewClient(st.Brokers, kafkaConfig())
+	if err != nil {
+		return err
+	}
+	defer kc.Close()
+	slots := map[string]string{"reader": uniqueName("prof_reader"), "cdc": uniqueName("prof_cdc")}
+	pub := uniqueName("prof")
+	for _, s := range slots {
+		sc := slot.DefaultConfig()
+		sc.Slot, sc.Publication = s, pub
+		if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	if err := preload(ctx, db.DSN, topic, p.DrainRows, p.DrainTxRows, p.Aggregates, p.PayloadBytes); err != nil {
+		return err
+	}
+	logf("preloaded %d rows in %.1fs (load %.2f)", p.DrainRows, time.Since(t0).Seconds(), loadAvg())
+	stream := func(slotName string) replication.StreamConfig {
+		return replication.StreamConfig{ConnString: db.DSN, Slot: slotName, Publication: pub, StatusInterval: time.Second,
+			Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}
+	}
+	kcfg := publisher.DefaultKafkaConfig()
+	kcfg.Brokers = st.Brokers
+	newProducer := func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) }
+
+	// profiled runs start under the profiler and returns once done says so.
+	profiled := func(name string, start func(ctx context.Context) <-chan error, done func() bool) error {
+		f, err := os.Create(filepath.Join(dir, name+".cpu.prof"))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		runtime.GC()
+		var ms0 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		began := time.Now()
+		rctx, cancel := context.WithCancel(ctx)
+		errc := start(rctx)
+		for !done() {
+			select {
+			case err := <-errc:
+				pprof.StopCPUProfile()
+				cancel()
+				return fmt.Errorf("%s stopped early: %v", name, err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		secs := time.Since(began).Seconds()
+		pprof.StopCPUProfile()
+		var ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms1)
+		cancel()
+		<-errc
+		logf("%-7s %d rows in %.2fs = %.0f ev/s; %.0f allocs and %.0f bytes allocated per event; %d GCs; load %.2f",
+			name, p.DrainRows, secs, float64(p.DrainRows)/secs,
+			float64(ms1.Mallocs-ms0.Mallocs)/float64(p.DrainRows), float64(ms1.TotalAlloc-ms0.TotalAlloc)/float64(p.DrainRows),
+			ms1.NumGC-ms0.NumGC, loadAvg())
+		af, err := os.Create(filepath.Join(dir, name+".allocs.prof"))
+		if err != nil {
+			return err
+		}
+		defer af.Close()
+		if err := pprof.Lookup("allocs").WriteTo(af, 0); err != nil {
+			return err
+		}
+		return top(dir, name)
+	}
+
+	// The reader alone: what the ceiling measures.
+	var events int
+	err = profiled("reader", func(ctx context.Context) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			s, err := replication.Open(ctx, stream(slots["reader"]), zap.NewNop())
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer s.Close()
+			prog := &confirmAsRead{done: make(chan struct{})}
+			out := make(chan replication.Message, 1024)
+			res := make(chan error, 1)
+			go func() { res <- s.Run(ctx, out, prog) }()
+			for m := range out {
+				switch m.Kind {
+				case replication.KindEvent:
+					events++
+				case replication.KindCommit:
+					prog.lsn.Store(uint64(m.Commit.EndLSN))
+				}
+			}
+			close(prog.done)
+			errc <- <-res
+		}()
+		return errc
+	}, func() bool { return events >= p.DrainRows })
+	if err != nil {
+		return err
+	}
+
+	inKafka := func(want int64) func() bool {
+		return func() bool {
+			n, err := highWatermarks(kc, topic)
+			return err == nil && n >= want
+		}
+	}
+	pcfg := publisher.DefaultConfig()
+	pcfg.ShutdownTimeout = 10 * time.Second
+	err = profiled("cdc", func(ctx context.Context) <-chan error {
+		errc := make(chan error, 1)
+		svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
+			OpenSource: func(ctx context.Context) (publisher.Source, error) {
+				return replication.Open(ctx, stream(slots["cdc"]), zap.NewNop())
+			},
+			NewProducer: newProducer,
+		})
+		go func() { errc <- svc.Run(ctx) }()
+		return errc
+	}, inKafka(int64(p.DrainRows)))
+	if err != nil {
+		return err
+	}
+	for _, s := range slots {
+		_ = execSQL(ctx, conn, "SELECT pg_drop_replication_slot($1)", s)
+	}
+
+	err = profiled("poll", func(ctx context.Context) <-chan error {
+		errc := make(chan error, 1)
+		cfg := poll.DefaultConfig()
+		cfg.ConnString = db.DSN
+		poller, err := poll.New(cfg, zap.NewNop(), nil, poll.Deps{NewProducer: newProducer})
+		if err != nil {
+			errc <- err
+			return errc
+		}
+		go func() { errc <- poller.Run(ctx) }()
+		return errc
+	}, inKafka(2*int64(p.DrainRows)))
+	return err
+}
+
+// top writes go tool pprof's top 25, flat and cumulative, next to a profile.
+func top(dir, name string) error {
+	prof := filepath.Join(dir, name+".cpu.prof")
+	for suffix, args := range map[string][]string{
+		".top.txt":    {"tool", "pprof", "-top", "-nodecount=25", prof},
+		".topcum.txt": {"tool", "pprof", "-top", "-cum", "-nodecount=25", prof},
+	} {
+		out, err := exec.Command("go", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("go tool pprof: %v: %s", err, out)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name+suffix), out, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// report is everything one run measured.
+type report struct {
+	Plan     plan            `json:"plan"`
+	Machine  machine         `json:"machine"`
+	Started  time.Time       `json:"started"`
+	Finished time.Time       `json:"finished"`
+	Latency  []latencyResult `json:"latency"`
+	Drains   []drainResult   `json:"drains"`
+	Targets  []target        `json:"targets"`
+}
+
+type machine struct {
+	CPU        string  `json:"cpu"`
+	Cores      int     `json:"cores"`
+	MemoryGiB  float64 `json:"memory_gib"`
+	Kernel     string  `json:"kernel"`
+	Go         string  `json:"go"`
+	Postgres   string  `json:"postgres"`
+	PGSettings string  `json:"pg_settings"`
+	Kafka      string  `json:"kafka"`
+	LoadStart  float64 `json:"load_start"`
+	LoadEnd    float64 `json:"load_end"`
+}
+
+func (m machine) summary() string {
+	return fmt.Sprintf("%d cores (%s), load %.2f", m.Cores, m.CPU, m.LoadStart)
+}
+
+func machineInfo(ctx context.Context, s stack) machine {
+	m := machine{Cores: runtime.NumCPU(), Go: runtime.Version(), LoadStart: loadAvg(), Kafka: "brokers " + strings.Join(s.Brokers, ",")}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		if sm := regexp.MustCompile(`(?m)^model name\s*:\s*(.+)$`).FindSubmatch(b); sm != nil {
+			m.CPU = strings.TrimSpace(string(sm[1]))
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb int64
+		if sm := regexp.MustCompile(`(?m)^MemTotal:\s*(\d+)`).FindSubmatch(b); sm != nil {
+			fmt.Sscan(string(sm[1]), &kb)
+			m.MemoryGiB = float64(kb) / (1 << 20)
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if root, err := repoRoot(); err == nil {
+		if b, err := os.ReadFile(filepath.Join(root, "dev", "stack")); err == nil {
+			if sm := regexp.MustCompile(`(?m)^KAFKA_VERSION=(\S+)`).FindSubmatch(b); sm != nil {
+				m.Kafka = "Kafka " + string(sm[1]) + " (KRaft, one broker, dev/stack), " + m.Kafka
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, s.AdminDSN); err == nil {
+		defer conn.Close(context.Background())
+		_ = conn.QueryRow(ctx, `SELECT version()`).Scan(&m.Postgres)
+		_ = conn.QueryRow(ctx, `SELECT string_agg(name || '=' || current_setting(name), ', ' ORDER BY name) FROM pg_settings
+			WHERE name IN ('fsync', 'synchronous_commit', 'shared_buffers', 'wal_level', 'logical_decoding_work_mem')`).Scan(&m.PGSettings)
+	}
+	return m
+}
+
+// target is one of the issue's goals, as measured.
+type target struct {
+	Goal     string `json:"goal"`
+	Measured string `json:"measured"`
+	Met      bool   `json:"met"`
+}
+
+func (r *report) cell(src string, l load) *latencyResult {
+	for i := range r.Latency {
+		if r.Latency[i].Source == src && r.Latency[i].Load == l && r.Latency[i].Err == "" {
+			return &r.Latency[i]
+		}
+	}
+	return nil
+}
+
+func (r *report) drain(src string) *drainResult {
+	for i := range r.Drains {
+		if r.Drains[i].Source == src && r.Drains[i].Err == "" {
+			return &r.Drains[i]
+		}
+	}
+	return nil
+}
+
+// evaluate checks the issue's targets against what was measured.
+func (r *report) evaluate() {
+	r.Targets = nil
+	add := func(goal, measured string, met bool) {
+		r.Targets = append(r.Targets, target{goal, measured, met})
+	}
+	for _, l := range r.Plan.Loads {
+		c := r.cell("cdc", l)
+		if c == nil {
+			continue
+		}
+		if l.Rate == 1000 {
+			add(fmt.Sprintf("CDC p50 ≤ 2 ms, p99 ≤ 10 ms at %s", l),
+				fmt.Sprintf("p50 %.2f ms, p99 %.2f ms", c.P50Ms, c.P99Ms), c.P50Ms <= 2 && c.P99Ms <= 10)
+			add(fmt.Sprintf("CDC publisher peak RSS ≤ 64 MiB at %s", l),
+				fmt.Sprintf("%.1f MiB", c.PeakRSSMiB), c.PeakRSSMiB <= 64)
+		}
+		for _, x := range []struct {
+			interval time.Duration
+			factor   float64
+		}{{100 * time.Millisecond, 25}, {10 * time.Millisecond, 5}} {
+			for _, s := range r.Plan.Sources {
+				if !s.Poll || s.Interval != x.interval {
+					continue
+				}
+				pc := r.cell(s.Name, l)
+				if pc == nil || c.P50Ms <= 0 {
+					continue
+				}
+				ratio := pc.P50Ms / c.P50Ms
+				add(fmt.Sprintf("CDC p50 ≥ %.0f× lower than %s at %s", x.factor, s.Name, l),
+					fmt.Sprintf("%.1f× (%.2f vs %.2f ms)", ratio, c.P50Ms, pc.P50Ms), ratio >= x.factor)
+			}
+		}
+	}
+	if c, d := r.drain(ceilingName), r.drain("cdc"); c != nil && d != nil {
+		add("CDC backlog drain ≥ 60% of the no-Kafka ceiling",
+			fmt.Sprintf("%.0f%% (%.0f of %.0f ev/s)", d.PctCeiling, d.EventsPerSec, c.EventsPerSec), d.PctCeiling >= 60)
+	}
+}
+
+// errors are the cells that failed.
+func (r *report) errors() []error {
+	var errs []error
+	for _, c := range r.Latency {
+		if c.Err != "" {
+			errs = append(errs, fmt.Errorf("%s at %s: %s", c.Source, c.Load, c.Err))
+		}
+	}
+	for _, d := range r.Drains {
+		if d.Err != "" {
+			errs = append(errs, fmt.Errorf("drain %s: %s", d.Source, d.Err))
+		}
+	}
+	return errs
+}
+
+// write puts results.json, results.md and bench.png into dir.
+func (r *report) write(dir string) error {
+	r.evaluate()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	png, err := r.chart()
+	if err != nil {
+		return fmt.Errorf("chart: %w", err)
+	}
+	return errors.Join(
+		os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644),
+		os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644),
+		os.WriteFile(filepath.Join(dir, "bench.png"), png, 0o644),
+	)
+}
+
+func (r *report) markdown() string {
+	var b bytes.Buffer
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# outboxd benchmark: CDC against polling (%s run)\n\n", r.Plan.Name)
+	p("Run %s, %s. Generated by `bench/` (`make bench`); numbers from one run on one machine, shared with other work: read the ratios, and the load average next to each row.\n\n",
+		r.Started.Format("2006-01-02 15:04 MST"), r.Finished.Sub(r.Started).Round(time.Second))
+	m := r.Machine
+	p("- Machine: %d cores, %s, %.1f GiB RAM, Linux %s, %s; load average %.2f at start, %.2f at end\n", m.Cores, m.CPU, m.MemoryGiB, m.Kernel, m.Go, m.LoadStart, m.LoadEnd)
+	p("- PostgreSQL: %s (%s)\n", m.Postgres, m.PGSettings)
+	p("- %s; topics of %d partitions, replication factor 1, producer acks=all, idempotent\n", m.Kafka, r.Plan.Partitions)
+	p("- Load: %s per cell after a warm-up; %d aggregates, each written by one of the writer connections; payload ~%d bytes of JSON; autocommit INSERT ... RETURNING per transaction\n\n",
+		r.Plan.Duration, r.Plan.Aggregates, r.Plan.PayloadBytes)
+	p("![latency and drain](bench.png)\n\n")
+
+	if len(r.Latency) > 0 {
+		p("## End-to-end latency (writer's commit return → consumer receipt, one clock)\n\n")
+		p("| load | source | writers | achieved ev/s | p50 ms | p95 ms | p99 ms | max ms | publisher CPU ms/1k ev | publisher peak RSS MiB | PG backend CPU ms/1k ev | PG blocks/1k ev | PG WAL B/ev | late: partition / key | missing / dup | load avg |\n")
+		p("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, c := range r.Latency {
+			if c.Err != "" {
+				p("| %s | %s | %d | FAILED: %s |||||||||||||\n", c.Load, c.Source, c.Writers, mdEscape(c.Err))
+				continue
+			}
+			p("| %s | %s | %d | %.0f | %.2f | %.2f | %.2f | %.2f | %.1f | %.1f | %.1f | %.0f | %.0f | %d / %d | %d / %d | %.2f |\n",
+				c.Load, c.Source, c.Writers, c.AchievedRate, c.P50Ms, c.P95Ms, c.P99Ms, c.MaxMs, c.CPUMsPer1k, c.PeakRSSMiB,
+				c.PGCPUMsPer1k, c.PGBlocksPer1k, c.PGWALBPerEvent, c.LatePartition, c.LateKey, c.Missing, c.Duplicates, c.LoadAfter)
+		}
+		p("\n")
+		p("### Latency ratios in this run (polling p50 ÷ CDC p50)\n\n| load |")
+		var polls []source
+		for _, s := range r.Plan.Sources {
+			if s.Poll {
+				polls = append(polls, s)
+				p(" %s ÷ cdc |", s.Name)
+			}
+		}
+		p("\n|---|%s\n", strings.Repeat("--:|", len(polls)))
+		for _, l := range r.Plan.Loads {
+			c := r.cell("cdc", l)
+			p("| %s |", l)
+			for _, s := range polls {
+				if pc := r.cell(s.Name, l); c != nil && pc != nil && c.P50Ms > 0 {
+					p(" %.1f× |", pc.P50Ms/c.P50Ms)
+				} else {
+					p(" – |")
+				}
+			}
+			p("\n")
+		}
+		p("\n")
+	}
+	if len(r.Drains) > 0 {
+		p("## Backlog drain (%d rows preloaded in %d-row transactions)\n\n", r.Plan.DrainRows, r.Plan.DrainTxRows)
+		p("| source | seconds | events/s | %% of ceiling | CPU ms/1k ev | peak RSS MiB | PG backend CPU s | PG blocks | load avg |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+		for _, d := range r.Drains {
+			if d.Err != "" {
+				p("| %s | FAILED: %s ||||||||\n", d.Source, mdEscape(d.Err))
+				continue
+			}
+			pct := "–"
+			if d.Source != ceilingName {
+				pct = fmt.Sprintf("%.0f%%", d.PctCeiling)
+			}
+			p("| %s | %.2f | %.0f | %s | %.2f | %.1f | %.2f | %d | %.2f |\n",
+				d.Source, d.Seconds, d.EventsPerSec, pct, d.CPUMsPer1k, d.PeakRSSMiB, d.PGCPUSeconds, d.PG.Blocks, d.LoadAfter)
+		}
+		p("\n")
+	}
+	if len(r.Targets) > 0 {
+		p("## Targets (issue 6)\n\n| goal | measured | met |\n|---|---|---|\n")
+		for _, t := range r.Targets {
+			met := "no"
+			if t.Met {
+				met = "yes"
+			}
+			p("| %s | %s | %s |\n", t.Goal, t.Measured, met)
+		}
+		p("\n")
+	}
+	p("## How to read it\n\n")
+	p("- **Latency** is measured in one process: each writer stamps the time its autocommit INSERT returned, the Kafka consumer (sarama, every partition) stamps each record on arrival; latency = arrival − commit return. It includes the consumer's fetch. *negative* (arrived before the commit returned) would be counted as 0.\n")
+	p("- **Publisher CPU** is user+system time of the outboxd process over the measured window (/proc/PID/stat), per 1,000 events; **peak RSS** is its VmHWM.\n")
+	p("- **PostgreSQL cost**: *PG backend CPU* is the CPU of the server processes serving the publisher (the walsender under CDC, the poll connections under polling), from /proc; *blocks* and *WAL* are pg_stat_statements over the poller's statements (CDC runs none: it reads WAL, not tables).\n")
+	p("- **late: partition / key** counts records that reached Kafka after a record with a higher outbox id on the same partition / of the same key. Writers run concurrently, so transactions commit out of id order; CDC publishes in commit order, polling in id order within one poll and in commit order across polls. Each key has one writer, so per key, commit order is id order and *key* must be 0 with one poll worker.\n")
+	p("- **Drain**: the backlog is preloaded, then the publisher starts; seconds run from process start until Kafka's high watermarks hold every row. The **ceiling** is the replication reader (replication.Open, Stream.Run: receive + decode) confirming as it reads, with no Kafka, in a process of its own, from process start to the last event. Polling's interval does not matter while every poll returns a full batch.\n")
+	return b.String()
+}
+
+func mdEscape(s string) string {
+	s = strings.ReplaceAll(s, "|", "\\|")
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
