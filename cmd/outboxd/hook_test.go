@@ -9,16 +9,16 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// hookEnv has an orders table and a hook that marks an order sent once its
+// hookEnv has a hook_orders table and a hook that marks an order sent once its
 // event is in Kafka. The hook fails while hook_block has a row.
 func hookEnv(t *testing.T) (*env, string) {
 	e := newEnv(t, 1)
-	e.exec(`CREATE TABLE orders (id bigint primary key, status text not null)`)
+	e.exec(`CREATE TABLE hook_orders (id bigint primary key, status text not null)`)
 	e.exec(`CREATE TABLE hook_block (reason text)`)
 	e.exec(`CREATE FUNCTION mark_sent(agg text) RETURNS void LANGUAGE plpgsql AS $$
 		BEGIN
 			IF EXISTS (SELECT 1 FROM hook_block) THEN RAISE EXCEPTION 'hook blocked'; END IF;
-			UPDATE orders SET status = 'sent_to_establishment' WHERE 'order-' || id = agg;
+			UPDATE hook_orders SET status = 'sent_to_establishment' WHERE 'order-' || id = agg;
 		END $$`)
 	return e, e.topic + "=SELECT mark_sent($1)"
 }
@@ -28,7 +28,7 @@ func (e *env) status(id int) string {
 	c := e.conn()
 	defer c.Close(context.Background())
 	var s string
-	if err := c.QueryRow(context.Background(), `SELECT status FROM orders WHERE id = $1`, id).Scan(&s); err != nil {
+	if err := c.QueryRow(context.Background(), `SELECT status FROM hook_orders WHERE id = $1`, id).Scan(&s); err != nil {
 		e.t.Fatal(err)
 	}
 	return s
@@ -36,7 +36,7 @@ func (e *env) status(id int) string {
 
 func (e *env) order(id int, topic string) {
 	e.t.Helper()
-	e.exec(`WITH o AS (INSERT INTO orders VALUES ($1, 'created') RETURNING id)
+	e.exec(`WITH o AS (INSERT INTO hook_orders VALUES ($1, 'created') RETURNING id)
 		INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'order-' || id, $2, '{"status": "created"}' FROM o`, id, topic)
 }
 
