@@ -272,3 +272,69 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatalf("status --allow-inactive with outboxd stopped: exit %d\n%s", code, out)
 	}
 }
+
+// A pipeline that failed on Kafka is not ready at once, not only after the
+// dead producer gave up its retries.
+func TestRunNotReadyAsSoonAsKafkaFails(t *testing.T) {
+	t.Parallel()
+	ks := testenv.StartKafka(t)
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("notready"), slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.topic, 1)
+	e.migrate()
+	d, base := e.startWithMetrics("--restart-backoff-min", "1s", "--restart-backoff-max", "1s")
+	d.waitLog("streaming", 60*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = e.write(ctx, load{writers: 1, aggregates: 10, total: 100000, maxTxn: 5, pause: 20 * time.Millisecond}) }()
+	topic := fmt.Sprintf(`{topic=%q}`, e.topic)
+	waitFor(t, 30*time.Second, func() bool { return scrape(t, base)["outboxd_events_published_total"+topic] > 0 })
+
+	ks.Kill()
+	var failedAt time.Time
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		code, body := get(t, base+"/readyz")
+		if code == http.StatusServiceUnavailable {
+			if !strings.Contains(body, "not ready: restarting") {
+				t.Fatalf("/readyz while Kafka is down: %q", body)
+			}
+			if failedAt.IsZero() {
+				t.Logf("not ready before the first produce error was counted")
+			} else {
+				t.Logf("not ready %s after the first produce error was counted", time.Since(failedAt).Round(time.Millisecond))
+			}
+			break
+		}
+		if failedAt.IsZero() && scrape(t, base)["outboxd_produce_errors_total"+topic] > 0 {
+			failedAt = time.Now()
+		}
+		if !failedAt.IsZero() && time.Since(failedAt) > time.Second {
+			t.Fatalf("/readyz still %d %q %s after a produce error", code, body, time.Since(failedAt))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz still %d %q 60 s after Kafka was killed", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m := scrape(t, base)
+	t.Logf("Kafka killed: produce errors %v, in flight %v, lag %.2f s, restarts by kafka %v",
+		m["outboxd_produce_errors_total"+topic], m["outboxd_in_flight_events"], m["outboxd_lag_seconds"], m[`outboxd_pipeline_restarts_total{cause="kafka"}`])
+	ks.Start()
+	deadline = time.Now().Add(90 * time.Second)
+	for {
+		code, body := get(t, base+"/readyz")
+		if code == http.StatusOK && strings.Contains(body, "ready: active") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz %d %q 90 s after Kafka came back", code, body)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if v := scrape(t, base)[`outboxd_pipeline_restarts_total{cause="kafka"}`]; v < 1 {
+		t.Errorf("restarts by cause kafka %v, want ≥ 1", v)
+	}
+	cancel()
+	d.stop()
+}
