@@ -232,6 +232,7 @@ func checkKafka(ctx context.Context, sc *sarama.Config, brokers []string, sec *k
 		invalid     x509.CertificateInvalidError
 		recordErr   tls.RecordHeaderError
 		verifyErr   *tls.CertificateVerificationError
+		opErr       *net.OpError
 	)
 	switch {
 	case errors.Is(err, sarama.ErrSASLAuthenticationFailed), errors.Is(err, sarama.ErrUnsupportedSASLMechanism),
@@ -240,6 +241,8 @@ func checkKafka(ctx context.Context, sc *sarama.Config, brokers []string, sec *k
 			sec.SASLUser, sec.SASLMechanism), Err: err}
 	case errors.As(err, &unknownAuth), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &verifyErr):
 		return &KafkaAuthError{Msg: "Kafka: TLS verification of the broker failed (check --kafka-tls-ca-file and --kafka-tls-server-name)", Err: err}
+	case errors.As(err, &opErr) && opErr.Op == "remote error" && sec.tlsEnabled():
+		return &KafkaAuthError{Msg: "Kafka: the broker refused the TLS handshake (does it require a client certificate? check --kafka-tls-cert-file and --kafka-tls-key-file)", Err: err}
 	case errors.As(err, &recordErr):
 		return &KafkaAuthError{Msg: "Kafka: the broker does not speak TLS on that port (drop --kafka-tls, or use its TLS listener)", Err: err}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -39,11 +40,23 @@ func TestRunKafkaSASL(t *testing.T) {
 	ks := testenv.StartKafkaSASL(t)
 	pgSecret := "pg-" + testenv.UniqueName("secret")
 
-	for _, mech := range []string{"SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"} {
-		t.Run(mech, func(t *testing.T) {
+	tlsArgs := []string{"--kafka-tls-ca-file", ks.CAFile, "--kafka-tls-cert-file", ks.ClientCertFile,
+		"--kafka-tls-key-file", ks.ClientKeyFile, "--kafka-tls-server-name", "localhost"}
+	for _, c := range []struct {
+		name, mech string
+		brokers    []string
+		extra      []string
+	}{
+		{"SCRAM-SHA-512", "SCRAM-SHA-512", ks.SASLBrokers, nil},
+		{"SCRAM-SHA-256", "SCRAM-SHA-256", ks.SASLBrokers, nil},
+		{"PLAIN", "PLAIN", ks.SASLBrokers, nil},
+		{"SCRAM-SHA-512 over mutual TLS", "SCRAM-SHA-512", ks.TLSBrokers, tlsArgs},
+	} {
+		mech := c.mech
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			pg := testenv.Postgres(t)
-			e := &env{t: t, dsn: withPassword(t, pg.DSN, pgSecret), brokers: ks.SASLBrokers,
+			e := &env{t: t, dsn: withPassword(t, pg.DSN, pgSecret), brokers: c.brokers,
 				topic: testenv.UniqueName("sasl"), slot: testenv.UniqueName("slot")}
 			createTopic(t, ks.Brokers, e.topic, 1) // over the PLAINTEXT listener
 			e.migrate()
@@ -56,7 +69,7 @@ func TestRunKafkaSASL(t *testing.T) {
 			}
 			sasl := []string{"--kafka-sasl-mechanism", mech, "--kafka-sasl-username", ks.User,
 				"--kafka-sasl-password-file", pwFile, "--log-level", "debug"}
-			d, base := e.startWithMetrics(sasl...)
+			d, base := e.startWithMetrics(append(sasl, c.extra...)...)
 			d.waitLog("streaming", 60*time.Second)
 			if err := e.write(context.Background(), load{writers: 1, aggregates: 10, total: 200, maxTxn: 10}); err != nil {
 				t.Fatal(err)
@@ -68,13 +81,13 @@ func TestRunKafkaSASL(t *testing.T) {
 			}
 			_, metrics := get(t, base+"/metrics")
 			d.stop()
-			t.Logf("SASL %s: %d events published, %d lines of debug output", mech, len(want), strings.Count(d.out.String(), "\n"))
+			t.Logf("%s: %d events published, %d lines of debug output", c.name, len(want), strings.Count(d.out.String(), "\n"))
 			noSecrets(t, "outboxd output", d.out.String(), ks.Password, pgSecret)
 			noSecrets(t, "/metrics", metrics, ks.Password, pgSecret)
 
 			// The password from the environment, through config check.
 			code, out := runEnv(t, []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + ks.Password},
-				append([]string{"config", "check", "--pg-dsn", e.dsn, "--kafka-brokers", ks.SASLBrokers[0]}, sasl[:4]...)...)
+				append(append([]string{"config", "check", "--pg-dsn", e.dsn, "--kafka-brokers", c.brokers[0]}, sasl[:4]...), c.extra...)...)
 			if code != 0 || !strings.Contains(out, "kafka-sasl-password: REDACTED # env OUTBOXD_KAFKA_SASL_PASSWORD") ||
 				!strings.Contains(out, "postgres:REDACTED@") {
 				t.Fatalf("config check: exit %d\n%s", code, out)
@@ -82,6 +95,33 @@ func TestRunKafkaSASL(t *testing.T) {
 			noSecrets(t, "config check", out, ks.Password, pgSecret)
 		})
 	}
+
+	t.Run("TLS failures", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.Postgres(t)
+		e := &env{t: t, dsn: pg.DSN, brokers: ks.TLSBrokers, slot: testenv.UniqueName("slot")}
+		e.migrate()
+		pw := []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + ks.Password}
+		sasl := []string{"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User}
+		for _, c := range []struct {
+			name string
+			args []string
+			want string
+		}{
+			{"unknown CA", []string{"--kafka-tls-ca-file", ks.ClientCertFile, "--kafka-tls-cert-file", ks.ClientCertFile, "--kafka-tls-key-file", ks.ClientKeyFile},
+				"outboxd: Kafka: TLS verification of the broker failed (check --kafka-tls-ca-file and --kafka-tls-server-name): kafka: client has run out of available brokers to talk to: tls: failed to verify certificate: x509: certificate signed by unknown authority"},
+			{"wrong server name", append(slices.Clone(tlsArgs[:6]), "--kafka-tls-server-name", "kafka.example.com"),
+				"outboxd: Kafka: TLS verification of the broker failed (check --kafka-tls-ca-file and --kafka-tls-server-name): kafka: client has run out of available brokers to talk to: tls: failed to verify certificate: x509: certificate is valid for localhost, not kafka.example.com"},
+			{"no client certificate", []string{"--kafka-tls-ca-file", ks.CAFile},
+				"outboxd: Kafka: the broker refused the TLS handshake (does it require a client certificate? check --kafka-tls-cert-file and --kafka-tls-key-file): kafka: client has run out of available brokers to talk to: remote error: tls: bad certificate"},
+		} {
+			code, out := runEnv(t, pw, e.args(append(sasl, c.args...)...)...)
+			if code != 1 || lastLine(out) != c.want {
+				t.Errorf("%s: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", c.name, code, lastLine(out), c.want)
+			}
+			noSecrets(t, c.name, out, ks.Password)
+		}
+	})
 
 	t.Run("wrong password", func(t *testing.T) {
 		t.Parallel()

@@ -11,22 +11,28 @@ import (
 
 // SASLKafkaServer is a private single-node Kafka that also has a
 // SASL_PLAINTEXT listener accepting PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512
-// for one user (dev/stack kafka-init --sasl). Its PLAINTEXT listener
+// for one user, and a SASL_SSL listener that in addition requires a client
+// certificate (dev/stack kafka-init --sasl --tls). Its PLAINTEXT listener
 // (Brokers) stays open for admin work such as creating topics.
 type SASLKafkaServer struct {
 	*KafkaServer
-	SASLBrokers []string // 127.0.0.1:SASLPort
+	SASLBrokers []string // 127.0.0.1:SASLPort, SASL_PLAINTEXT
 	SASLPort    int
+	TLSBrokers  []string // 127.0.0.1:TLSPort, SASL_SSL with client certificates
+	TLSPort     int
 	User        string
 	Password    string // random, made at init
+	// PEM files of the throwaway CA that signed the broker's certificate
+	// (for 127.0.0.1 and localhost), and of a client certificate it accepts.
+	CAFile, ClientCertFile, ClientKeyFile string
 }
 
-// StartKafkaSASL formats and starts a private Kafka with a SASL listener in a
-// temporary folder; it is killed and removed at cleanup.
+// StartKafkaSASL formats and starts a private Kafka with the SASL and TLS
+// listeners in a temporary folder; it is killed and removed at cleanup.
 func StartKafkaSASL(t testing.TB) *SASLKafkaServer {
 	t.Helper()
 	dir := instanceDir(t, "outboxd-kafka-sasl-")
-	ports := freePorts(t, 3)
+	ports := freePorts(t, 4)
 	s := &SASLKafkaServer{
 		KafkaServer: &KafkaServer{
 			Brokers: []string{fmt.Sprintf("127.0.0.1:%d", ports[0])},
@@ -34,8 +40,13 @@ func StartKafkaSASL(t testing.TB) *SASLKafkaServer {
 			Port:    ports[0],
 			t:       t,
 		},
-		SASLBrokers: []string{fmt.Sprintf("127.0.0.1:%d", ports[2])},
-		SASLPort:    ports[2],
+		SASLBrokers:    []string{fmt.Sprintf("127.0.0.1:%d", ports[2])},
+		SASLPort:       ports[2],
+		TLSBrokers:     []string{fmt.Sprintf("127.0.0.1:%d", ports[3])},
+		TLSPort:        ports[3],
+		CAFile:         filepath.Join(dir, "tls", "ca.pem"),
+		ClientCertFile: filepath.Join(dir, "tls", "client.pem"),
+		ClientKeyFile:  filepath.Join(dir, "tls", "client-key.pem"),
 	}
 	t.Cleanup(func() {
 		if err := stack("kafka-stop", dir, "kill"); err != nil {
@@ -43,7 +54,8 @@ func StartKafkaSASL(t testing.TB) *SASLKafkaServer {
 		}
 		_ = os.RemoveAll(dir)
 	})
-	if err := stack("kafka-init", dir, strconv.Itoa(ports[0]), strconv.Itoa(ports[1]), "--sasl", strconv.Itoa(ports[2])); err != nil {
+	if err := stack("kafka-init", dir, strconv.Itoa(ports[0]), strconv.Itoa(ports[1]),
+		"--sasl", strconv.Itoa(ports[2]), "--tls", strconv.Itoa(ports[3])); err != nil {
 		unavailable(t, hintPrivate, "cannot create a private Kafka with SASL: %v", err)
 	}
 	for _, f := range []struct {
