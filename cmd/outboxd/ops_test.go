@@ -10,9 +10,9 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
-	"slices"
 	"testing"
 	"time"
 
@@ -286,7 +286,9 @@ func TestRunNotReadyAsSoonAsKafkaFails(t *testing.T) {
 	d.waitLog("streaming", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go func() { _ = e.write(ctx, load{writers: 1, aggregates: 10, total: 100000, maxTxn: 5, pause: 20 * time.Millisecond}) }()
+	go func() {
+		_ = e.write(ctx, load{writers: 1, aggregates: 10, total: 100000, maxTxn: 5, pause: 20 * time.Millisecond})
+	}()
 	topic := fmt.Sprintf(`{topic=%q}`, e.topic)
 	waitFor(t, 30*time.Second, func() bool { return scrape(t, base)["outboxd_events_published_total"+topic] > 0 })
 
