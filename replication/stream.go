@@ -141,8 +141,8 @@ func slotInUse(slot, msg string) error {
 // until ctx is cancelled or the connection fails. It closes out when it stops
 // reading.
 //
-// Cancelling ctx stops reading, not the stream: Run keeps sending status
-// updates until progress.Done() is closed, so the last acknowledgements still
+// Cancelling ctx stops reading at the next transaction boundary, not the
+// stream: Run keeps sending status updates until progress.Done() is closed, so the last acknowledgements still
 // reach the server, then sends a final update and returns nil. Standby status
 // updates flow every StatusInterval, when the server asks, and while out is
 // full (backpressure), so wal_sender_timeout never fires because the
@@ -222,7 +222,18 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 	if err := s.sendStatus(st, progress); err != nil {
 		return err
 	}
-	for ctx.Err() == nil {
+	for {
+		// A stop takes effect between transactions: the rest of the one in
+		// hand is already on its way, and stopping inside it would leave its
+		// produced events unconfirmable, to be sent again after a restart.
+		if ctx.Err() != nil && !st.inTxn {
+			return nil
+		}
+		select {
+		case <-progress.Done():
+			return nil // the consumer is gone (failed, or out of time)
+		default:
+		}
 		deadline := st.lastStatus.Add(s.cfg.StatusInterval)
 		if !time.Now().Before(deadline) {
 			if err := s.sendStatus(st, progress); err != nil {
@@ -230,14 +241,18 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			}
 			continue
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
+		parent := ctx
+		if st.inTxn {
+			parent = context.Background()
+		}
+		rctx, cancel := context.WithDeadline(parent, deadline)
 		raw, err := s.conn.ReceiveMessage(rctx)
 		cancel()
 		if err != nil {
 			if pgconn.Timeout(err) {
 				continue // a status update is due, or ctx is done
 			}
-			if ctx.Err() != nil {
+			if ctx.Err() != nil && !st.inTxn {
 				return nil
 			}
 			return fmt.Errorf("replication: receive: %w", err)
@@ -255,7 +270,6 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			// NoticeResponse, ParameterStatus: nothing to do.
 		}
 	}
-	return nil
 }
 
 func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Message, progress Progress, st *streamState) error {
@@ -322,13 +336,17 @@ func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, pro
 		return nil
 	default:
 	}
+	stop := ctx.Done()
+	if st.inTxn {
+		stop = nil // finish the transaction in hand (see receive)
+	}
 	for {
 		timer := time.NewTimer(time.Until(st.lastStatus.Add(s.cfg.StatusInterval)))
 		select {
 		case out <- m:
 			timer.Stop()
 			return nil
-		case <-ctx.Done():
+		case <-stop:
 			timer.Stop()
 			// Not delivered: the transaction is not confirmed and will be
 			// read again after a restart.
