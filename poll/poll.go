@@ -26,6 +26,12 @@ type Deps struct {
 	// rows go there and are marked published. Without it a poison row halts
 	// the poller. If the value is an io.Closer it is closed with the session.
 	NewDeadLetterer func() (publisher.DeadLetterer, error)
+	// NewHook, when set, connects a post-publish hook, one per worker: it
+	// runs for every row Kafka acknowledged, before the batch is marked
+	// published; a failure rolls the batch back, so the rows are sent
+	// again and the hook runs again (it must be idempotent). If the value
+	// is an io.Closer it is closed with the session.
+	NewHook func(ctx context.Context) (publisher.Hook, error)
 }
 
 // State is what the poller is doing, for health checks.
@@ -101,8 +107,11 @@ func (p *Poller) Run(ctx context.Context) error {
 			return err
 		}
 		cause := "postgres"
-		if errors.Is(err, publisher.ErrProduce) || errors.Is(err, errProducerOpen) {
+		switch {
+		case errors.Is(err, publisher.ErrProduce), errors.Is(err, errProducerOpen):
 			cause = "kafka"
+		case errors.Is(err, publisher.ErrHook), errors.Is(err, errHookOpen):
+			cause = "hook"
 		}
 		p.m.Restarts.WithLabelValues(cause).Inc()
 		if time.Since(started) > 2*p.cfg.RestartBackoffMax {
@@ -122,7 +131,10 @@ func isFatal(err error) bool {
 	return errors.Is(err, publisher.ErrPoison) || errors.Is(err, ErrSchema) || errors.Is(err, ErrBadRow)
 }
 
-var errProducerOpen = errors.New("open producer")
+var (
+	errProducerOpen = errors.New("open producer")
+	errHookOpen     = errors.New("open post-publish hook")
+)
 
 // session is one set of connections and one producer, until an error or ctx.
 func (p *Poller) session(ctx context.Context) error {
@@ -167,6 +179,22 @@ func (p *Poller) session(ctx context.Context) error {
 		}
 	}
 
+	hooks := make([]publisher.Hook, len(conns))
+	if p.deps.NewHook != nil {
+		for i := range hooks {
+			h, err := p.deps.NewHook(ctx)
+			if err != nil {
+				prod.Close()
+				for range prod.Results() {
+				}
+				return fmt.Errorf("%w: %w", errHookOpen, err)
+			}
+			if c, ok := h.(io.Closer); ok {
+				defer c.Close()
+			}
+			hooks[i] = h
+		}
+	}
 	// readCtx stops new polls; hardCtx abandons the batches in flight.
 	readCtx, cancelRead := context.WithCancel(ctx)
 	defer cancelRead()
@@ -206,7 +234,7 @@ func (p *Poller) session(ctx context.Context) error {
 		firstErr error
 	)
 	for i, c := range conns {
-		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, rt: rt,
+		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, hook: hooks[i], rt: rt,
 			acks: make(chan *publisher.Record, p.cfg.BatchSize)}
 		// Stagger the workers across the interval.
 		first := time.Duration(i) * p.cfg.Interval / time.Duration(len(conns))
@@ -268,6 +296,7 @@ type worker struct {
 	tbl  *table
 	prod publisher.Producer
 	dlq  publisher.DeadLetterer
+	hook publisher.Hook // nil: none
 	rt   *router
 	acks chan *publisher.Record
 
@@ -369,9 +398,10 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		outBytes -= size
 		p.m.InFlightEvents.Dec()
 		p.m.InFlightBytes.Sub(float64(size))
-		if err := w.result(ctx, r, int(size)); err != nil && failed == nil {
-			failed = err
+		if failed != nil {
+			continue // the batch rolls back: no hook, no dead letter
 		}
+		failed = w.result(ctx, r, int(size))
 	}
 	if failed != nil {
 		return 0, failed
@@ -400,6 +430,11 @@ var errNoTopic = errors.New("the row has no topic and no --default-topic is set"
 func (w *worker) result(ctx context.Context, r *publisher.Record, size int) error {
 	p := w.p
 	if r.Err == nil {
+		if w.hook != nil {
+			if err := w.hook.AfterPublish(ctx, r); err != nil {
+				return err
+			}
+		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
 		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size))
 		if !r.Timestamp.IsZero() {

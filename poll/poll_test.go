@@ -560,3 +560,47 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// failingHook fails its first fails calls, then records what it saw.
+type failingHook struct {
+	mu    sync.Mutex
+	fails int
+	seen  map[int64]int
+}
+
+func (h *failingHook) AfterPublish(_ context.Context, r *publisher.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fails > 0 {
+		h.fails--
+		return fmt.Errorf("%w: test", publisher.ErrHook)
+	}
+	h.seen[r.OutboxID]++
+	return nil
+}
+
+// TestHookRunsBeforeRowsAreMarked: the post-publish hook runs for every
+// acknowledged row before its batch is marked; a failing hook rolls the batch
+// back and the rows are published (and hooked) again.
+func TestHookRunsBeforeRowsAreMarked(t *testing.T) {
+	t.Parallel()
+	pg := migrated(t)
+	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', '{}' FROM generate_series(1, 30)`)
+	h := &failingHook{fails: 3, seen: map[int64]int{}}
+	cfg := testConfig(pg)
+	cfg.BatchSize = 10
+	r := start(t, cfg, Deps{NewProducer: func() (publisher.Producer, error) { return newFakeProducer(0, nil), nil },
+		NewHook: func(context.Context) (publisher.Hook, error) { return h, nil }})
+	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
+	if err := r.stop(t); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.seen) != 30 {
+		t.Fatalf("hook saw %d rows, want 30", len(h.seen))
+	}
+	if got := restarts(t, r.p.m, "hook"); got != 3 {
+		t.Fatalf("%v restarts for the hook, want 3", got)
+	}
+}

@@ -14,7 +14,9 @@ import (
 func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 6)
-	d := startDaemon(t, e.args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200")...)
+	e.exec(`CREATE TABLE hooked (id bigint PRIMARY KEY)`)
+	d := startDaemon(t, e.args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
+		"--hook", e.topic+"=INSERT INTO hooked (id) SELECT $2::bigint WHERE $1::text IS NOT NULL ON CONFLICT DO NOTHING")...)
 	d.waitLog("polling", 60*time.Second)
 	if err := e.write(context.Background(), load{writers: 4, aggregates: 200, total: 5000, maxTxn: 100}); err != nil {
 		t.Fatal(err)
@@ -34,6 +36,13 @@ func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	}
 	if unpublished != 0 {
 		t.Fatalf("%d rows not marked published after a clean stop", unpublished)
+	}
+	var hooked int
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM hooked`).Scan(&hooked); err != nil {
+		t.Fatal(err)
+	}
+	if hooked != len(want) {
+		t.Fatalf("the post-publish hook ran for %d rows, want %d", hooked, len(want))
 	}
 }
 
