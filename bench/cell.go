@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -27,6 +29,10 @@ type latencyResult struct {
 	P99Ms    float64 `json:"p99_ms"`
 	MaxMs    float64 `json:"max_ms"`
 	Negative int     `json:"negative"` // arrived before the commit returned (counted as 0)
+	// PerSecondP50Ms is p50 and PerSecondMaxMs the max by second of commit
+	// time: growth over the window means the source does not keep up.
+	PerSecondP50Ms []float64 `json:"per_second_p50_ms"`
+	PerSecondMaxMs []float64 `json:"per_second_max_ms"`
 	// Order: rows that arrived after a higher id on the same partition, and
 	// of the same key (each key has one sequential writer).
 	LatePartition int `json:"late_partition"`
@@ -62,7 +68,9 @@ type runner struct {
 func (r *runner) publisherArgs(db *database, slotName string, s source) []string {
 	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
 		"--slot", slotName, "--publication", slotName, "--log-level", "info"}
-	return append(args, s.args()...)
+	args = append(args, s.args()...)
+	// A diagnostic hook: extra flags for the publisher, e.g. --metrics-addr.
+	return append(args, strings.Fields(os.Getenv("BENCH_PUBLISHER_ARGS"))...)
 }
 
 // latencyCell measures one source at one load in a database and topic of
@@ -239,6 +247,14 @@ func analyse(res *latencyResult, rows []written, parts [][]receipt) {
 		}
 	}
 	lat := make([]float64, 0, len(rows))
+	var t0 stamp
+	if len(rows) > 0 {
+		t0 = rows[0].commit
+		for _, w := range rows {
+			t0 = min(t0, w.commit)
+		}
+	}
+	bySecond := map[int][]float64{}
 	for _, w := range rows {
 		recv, ok := first[w.id]
 		if !ok {
@@ -252,6 +268,17 @@ func analyse(res *latencyResult, rows []written, parts [][]receipt) {
 			d = 0
 		}
 		lat = append(lat, float64(d)/1e6)
+		sec := int((w.commit - t0) / 1e9)
+		bySecond[sec] = append(bySecond[sec], float64(d)/1e6)
+	}
+	for sec := 0; sec < len(bySecond); sec++ {
+		v := bySecond[sec]
+		if len(v) == 0 {
+			continue
+		}
+		slices.Sort(v)
+		res.PerSecondP50Ms = append(res.PerSecondP50Ms, math.Round(quantile(v, 0.5)*100)/100)
+		res.PerSecondMaxMs = append(res.PerSecondMaxMs, math.Round(v[len(v)-1]*100)/100)
 	}
 	if len(lat) == 0 {
 		return

@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -41,6 +42,8 @@ func benchMain(args []string) error {
 	bin := fs.String("outboxd", "", "outboxd binary to measure (default: go build ./cmd/outboxd into a temporary folder)")
 	duration := fs.Duration("duration", 0, "override the time each latency cell writes")
 	drainRows := fs.Int("drain-rows", 0, "override the backlog size")
+	sources := fs.String("sources", "", "comma-separated sources instead of the plan's: cdc, cdc-linger-DURATION, poll-DURATION, poll-DURATION-bBATCH")
+	loads := fs.String("loads", "", "comma-separated loads to run as RATExROWS, e.g. 1000x1,5000x10 (default all)")
 	only := fs.String("only", "", "run only latency (\"latency\") or only the drains (\"drain\")")
 	profile := fs.String("profile", "", "instead of the matrix: profile the CDC and poll drains in-process, writing pprof files to this folder")
 	if err := fs.Parse(args); err != nil {
@@ -63,6 +66,27 @@ func benchMain(args []string) error {
 	}
 	if *drainRows > 0 {
 		p.DrainRows = *drainRows
+	}
+	if *sources != "" {
+		p.Sources, p.DrainSources = nil, nil
+		for _, n := range strings.Split(*sources, ",") {
+			src, err := parseSource(strings.TrimSpace(n))
+			if err != nil {
+				return err
+			}
+			p.Sources, p.DrainSources = append(p.Sources, src), append(p.DrainSources, src)
+		}
+	}
+	if *loads != "" {
+		var ls []load
+		for _, f := range strings.Split(*loads, ",") {
+			var l load
+			if _, err := fmt.Sscanf(strings.TrimSpace(f), "%dx%d", &l.Rate, &l.TxRows); err != nil || l.Rate < 1 || l.TxRows < 1 {
+				return fmt.Errorf("-loads %q: want RATExROWS, e.g. 1000x10", f)
+			}
+			ls = append(ls, l)
+		}
+		p.Loads = ls
 	}
 	switch *only {
 	case "":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/poll"
@@ -14,9 +15,16 @@ type source struct {
 	Interval time.Duration `json:"interval_ns,omitempty"`
 	Batch    int           `json:"batch,omitempty"`
 	Workers  int           `json:"workers,omitempty"`
+	// Flags are further outboxd run flags (a tuning variant).
+	Flags []string `json:"flags,omitempty"`
 }
 
 func cdcSource() source { return source{Name: "cdc"} }
+
+// cdcLinger is CDC with the producer waiting up to d to batch records.
+func cdcLinger(d time.Duration) source {
+	return source{Name: "cdc-linger-" + d.String(), Flags: []string{"--kafka-linger=" + d.String()}}
+}
 
 func pollSource(interval time.Duration, batch int) source {
 	name := fmt.Sprintf("poll-%s", interval)
@@ -29,10 +37,10 @@ func pollSource(interval time.Duration, batch int) source {
 // args are outboxd run's source flags.
 func (s source) args() []string {
 	if !s.Poll {
-		return nil
+		return s.Flags
 	}
-	return []string{"--source=poll", "--poll-interval=" + s.Interval.String(),
-		fmt.Sprintf("--poll-batch-size=%d", s.Batch), fmt.Sprintf("--poll-workers=%d", s.Workers)}
+	return append([]string{"--source=poll", "--poll-interval=" + s.Interval.String(),
+		fmt.Sprintf("--poll-batch-size=%d", s.Batch), fmt.Sprintf("--poll-workers=%d", s.Workers)}, s.Flags...)
 }
 
 // load is a target rate in a transaction shape.
@@ -72,11 +80,13 @@ var (
 	loadsFull = []load{{100, 1}, {100, 10}, {1000, 1}, {1000, 10}, {5000, 1}, {5000, 10}}
 )
 
+// fullPlan is the issue's matrix plus one tuning variant: CDC with the
+// producer lingering 1 ms, next to CDC as it ships (no linger).
 func fullPlan() plan {
 	b := poll.DefaultConfig().BatchSize
 	return plan{
 		Name:         "full",
-		Sources:      []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
+		Sources:      []source{cdcSource(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
 		Loads:        loadsFull,
 		Duration:     20 * time.Second,
 		Partitions:   3,
@@ -84,18 +94,50 @@ func fullPlan() plan {
 		PayloadBytes: 200,
 		DrainRows:    1000000,
 		DrainTxRows:  100,
-		DrainSources: []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b),
-			pollSource(100*time.Millisecond, 100)},
+		DrainSources: []source{cdcSource(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b),
+			pollSource(10*time.Millisecond, b), pollSource(100*time.Millisecond, 100)},
 	}
 }
 
-// quickPlan is the smoke-test matrix: every source and every output, small.
+// quickPlan is the smoke-test matrix: the three sources of the issue, one
+// load, a small backlog; every output.
 func quickPlan() plan {
+	b := poll.DefaultConfig().BatchSize
 	p := fullPlan()
 	p.Name = "quick"
+	p.Sources = []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)}
 	p.Loads = []load{{1000, 10}}
 	p.Duration = 3 * time.Second
 	p.DrainRows = 20000
-	p.DrainSources = p.DrainSources[:2]
+	p.DrainSources = []source{cdcSource(), pollSource(100*time.Millisecond, b)}
 	return p
+}
+
+// parseSource reads a source name: cdc, cdc-linger-DURATION,
+// poll-DURATION or poll-DURATION-bBATCH.
+func parseSource(name string) (source, error) {
+	switch {
+	case name == "cdc":
+		return cdcSource(), nil
+	case strings.HasPrefix(name, "cdc-linger-"):
+		d, err := time.ParseDuration(strings.TrimPrefix(name, "cdc-linger-"))
+		if err != nil {
+			return source{}, fmt.Errorf("source %q: %w", name, err)
+		}
+		return cdcLinger(d), nil
+	case strings.HasPrefix(name, "poll-"):
+		spec, batch := strings.TrimPrefix(name, "poll-"), poll.DefaultConfig().BatchSize
+		if i := strings.Index(spec, "-b"); i >= 0 {
+			if _, err := fmt.Sscan(spec[i+2:], &batch); err != nil {
+				return source{}, fmt.Errorf("source %q: batch: %w", name, err)
+			}
+			spec = spec[:i]
+		}
+		d, err := time.ParseDuration(spec)
+		if err != nil {
+			return source{}, fmt.Errorf("source %q: %w", name, err)
+		}
+		return pollSource(d, batch), nil
+	}
+	return source{}, fmt.Errorf("source %q: use cdc, cdc-linger-DURATION, poll-DURATION or poll-DURATION-bBATCH", name)
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
+	"syscall"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -173,6 +175,12 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		_ = execSQL(ctx, conn, "SELECT pg_drop_replication_slot($1)", s)
 	}
 
+	if err := profileSteady(ctx, st, p, dir, logf); err != nil {
+		return err
+	}
+	if err := readerLag(ctx, st, p, load{5000, 10}, logf); err != nil {
+		return err
+	}
 	err = profiled("poll", func(ctx context.Context) <-chan error {
 		errc := make(chan error, 1)
 		cfg := poll.DefaultConfig()
@@ -202,6 +210,148 @@ func top(dir, name string) error {
 		if err := os.WriteFile(filepath.Join(dir, name+suffix), out, 0o644); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// profileSteady profiles CDC in this process at 1,000 events/s in 10-row
+// transactions for the plan's duration: where a steady load spends CPU.
+func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(string, ...any)) error {
+	db, err := createDatabase(ctx, st, "profile")
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	topic, err := createTopic(st, "profile", p.Partitions)
+	if err != nil {
+		return err
+	}
+	defer deleteTopic(st, topic)
+	conn, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	sc := slot.DefaultConfig()
+	sc.Slot, sc.Publication = uniqueName("prof_steady"), uniqueName("prof")
+	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
+		return err
+	}
+	kcfg := publisher.DefaultKafkaConfig()
+	kcfg.Brokers = st.Brokers
+	pcfg := publisher.DefaultConfig()
+	pcfg.ShutdownTimeout = 10 * time.Second
+	svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
+		OpenSource: func(ctx context.Context) (publisher.Source, error) {
+			return replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
+				StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
+		},
+		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) },
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- svc.Run(rctx) }()
+	clk := clock{base: time.Now()}
+	if _, err := writeLoad(ctx, db.DSN, clk, topic, 200, 10, 2, p.Aggregates, p.PayloadBytes, 2*time.Second); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "cdc-1000.cpu.prof"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var ru0, ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	if err := pprof.StartCPUProfile(f); err != nil {
+		return err
+	}
+	rows, err := writeLoad(ctx, db.DSN, clk, topic, 1000, 10, 4, p.Aggregates, p.PayloadBytes, p.Duration)
+	time.Sleep(500 * time.Millisecond)
+	pprof.StopCPUProfile()
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	if err != nil {
+		return err
+	}
+	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	logf("cdc-1000: %d rows at 1000 ev/s; this process (publisher + writer) used %.0f ms CPU per 1k events; load %.2f",
+		len(rows), cpu.Seconds()*1e6/float64(len(rows)), loadAvg())
+	cancel()
+	<-errc
+	return top(dir, "cdc-1000")
+}
+
+// readerLag runs the replication reader alone (no Kafka) at a steady load
+// and logs commit → read per second: whether PostgreSQL and the reader keep
+// up by themselves.
+func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, ...any)) error {
+	db, err := createDatabase(ctx, st, "lag")
+	if err != nil {
+		return err
+	}
+	defer db.drop()
+	conn, err := db.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	sc := slot.DefaultConfig()
+	sc.Slot, sc.Publication = uniqueName("lag"), uniqueName("lag")
+	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
+		return err
+	}
+	s, err := replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
+		StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	prog := &confirmAsRead{done: make(chan struct{})}
+	out := make(chan replication.Message, 1024)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- s.Run(rctx, out, prog) }()
+	bySec := map[int][]float64{}
+	read := make(chan struct{})
+	began := time.Now()
+	go func() {
+		defer close(read)
+		var commit time.Time
+		for m := range out {
+			switch m.Kind {
+			case replication.KindBegin:
+				commit = m.Begin.CommitTime
+			case replication.KindEvent:
+				now := time.Now()
+				sec := int(now.Sub(began).Seconds())
+				bySec[sec] = append(bySec[sec], float64(now.Sub(commit).Microseconds())/1000)
+			case replication.KindCommit:
+				prog.lsn.Store(uint64(m.Commit.EndLSN))
+			}
+		}
+	}()
+	if _, err := writeLoad(ctx, db.DSN, clock{base: began}, "lag", l.Rate, l.TxRows, l.writers(), p.Aggregates, p.PayloadBytes, p.Duration); err != nil {
+		return err
+	}
+	time.Sleep(time.Second)
+	cancel()
+	<-read
+	close(prog.done)
+	<-runErr
+	var all []float64
+	for sec := 0; sec < len(bySec); sec++ {
+		v := bySec[sec]
+		slices.Sort(v)
+		all = append(all, v...)
+		if len(v) > 0 {
+			logf("reader alone at %s, second %2d: %5d events, commit→read p50 %7.2f ms, max %7.2f ms", l, sec, len(v), quantile(v, 0.5), v[len(v)-1])
+		}
+	}
+	slices.Sort(all)
+	if len(all) > 0 {
+		logf("reader alone at %s: commit→read p50 %.2f ms, p99 %.2f ms, max %.2f ms; load %.2f",
+			l, quantile(all, 0.5), quantile(all, 0.99), all[len(all)-1], loadAvg())
 	}
 	return nil
 }

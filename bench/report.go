@@ -244,6 +244,8 @@ func (r *report) markdown() string {
 			pct := "–"
 			if d.Source != ceilingName {
 				pct = fmt.Sprintf("%.0f%%", d.PctCeiling)
+			} else if len(d.Runs) > 1 {
+				pct = fmt.Sprintf("best of %v ev/s", d.Runs)
 			}
 			p("| %s | %.2f | %.0f | %s | %.2f | %.1f | %.2f | %d | %.2f |\n",
 				d.Source, d.Seconds, d.EventsPerSec, pct, d.CPUMsPer1k, d.PeakRSSMiB, d.PGCPUSeconds, d.PG.Blocks, d.LoadAfter)
