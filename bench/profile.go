@@ -178,8 +178,10 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	if err := profileSteady(ctx, st, p, dir, logf); err != nil {
 		return err
 	}
-	if err := readerLag(ctx, st, p, load{5000, 10}, logf); err != nil {
-		return err
+	for _, l := range []load{{5000, 1}, {5000, 10}} {
+		if err := readerLag(ctx, st, p, l, logf); err != nil {
+			return err
+		}
 	}
 	err = profiled("poll", func(ctx context.Context) <-chan error {
 		errc := make(chan error, 1)
