@@ -7,9 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	gometrics "github.com/rcrowley/go-metrics"
 )
 
 func main() {
+	// sarama records its own go-metrics on every request; outboxd exports
+	// Prometheus metrics instead, so turn those off (a package global: set
+	// once, here, like sarama.Logger).
+	gometrics.UseNilMetrics = true
 	ctx := context.Background()
 	if err := dispatch(ctx, os.Args[1:]); err != nil {
 		if errors.Is(err, errUsage) {
