@@ -7,10 +7,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"syscall"
@@ -99,29 +97,11 @@ func runPoll(ctx context.Context, o *options, kcfg publisher.KafkaConfig, logger
 	}
 	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 	if o.metricsAddr != "" {
-		ln, err := net.Listen("tcp", o.metricsAddr)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr %q: %w", o.metricsAddr, err)
+		if err := addHTTPServer(&g, o.metricsAddr, pollHealthMux(reg, poller), logger); err != nil {
+			return err
 		}
-		srv := &http.Server{Handler: pollHealthMux(reg, poller), ReadHeaderTimeout: 5 * time.Second}
-		g.Add(func() error {
-			logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		}, func(error) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(ctx)
-		})
 	}
-	err = g.Run()
-	if errors.Is(err, run.ErrSignal) {
-		logger.Info("stopped", zap.String("reason", err.Error()))
-		return nil
-	}
-	return err
+	return runGroup(&g, logger)
 }
 
 func pollHealthMux(reg *prometheus.Registry, p *poll.Poller) *http.ServeMux {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"net"
 	"net/http"
 	"os"
 	"syscall"
@@ -88,33 +87,15 @@ func cmdRun(ctx context.Context, args []string) error {
 		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 	}
 	if o.metricsAddr != "" { // Metrics and health.
-		ln, err := net.Listen("tcp", o.metricsAddr)
-		if err != nil {
-			return fmt.Errorf("--metrics-addr %q: %w", o.metricsAddr, err)
+		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot), logger); err != nil {
+			return err
 		}
-		srv := &http.Server{Handler: healthMux(reg, svc, o.slot.Slot), ReadHeaderTimeout: 5 * time.Second}
-		g.Add(func() error {
-			logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		}, func(error) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(ctx)
-		})
 		// The slot poller: lag bytes and retained WAL for the metrics.
 		p := &slotPoller{dsn: o.pgDSN, cfg: o.slot, interval: o.slotPoll, m: metrics, log: logger.Named("slot-poller")}
 		pctx, cancel := context.WithCancel(ctx)
 		g.Add(func() error { return p.run(pctx) }, func(error) { cancel() })
 	}
-	err = g.Run()
-	if errors.Is(err, run.ErrSignal) {
-		logger.Info("stopped", zap.String("reason", err.Error()))
-		return nil
-	}
-	return err
+	return runGroup(&g, logger)
 }
 
 // prepare checks the database and ensures the publication and the slot.

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/oklog/run"
+	"go.uber.org/zap"
+)
+
+// addHTTPServer adds an actor serving h (metrics and health) on addr. The
+// listener is opened now, so a busy address fails at start.
+func addHTTPServer(g *run.Group, addr string, h http.Handler, logger *zap.Logger) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("--metrics-addr %q: %w", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	g.Add(func() error {
+		logger.Info("serving metrics", zap.String("addr", ln.Addr().String()))
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}, func(error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	})
+	return nil
+}
+
+// runGroup runs the actors until the first returns; a signal is a clean stop.
+func runGroup(g *run.Group, logger *zap.Logger) error {
+	err := g.Run()
+	if errors.Is(err, run.ErrSignal) {
+		logger.Info("stopped", zap.String("reason", err.Error()))
+		return nil
+	}
+	return err
+}
