@@ -127,8 +127,14 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	return nil
 }
 
-// stopPoll bounds how long a blocked receive takes to notice a stop request.
-const stopPoll = 200 * time.Millisecond
+const (
+	// stopPoll bounds how long a blocked receive takes to notice a stop
+	// request, or a watermark that moved.
+	stopPoll = 200 * time.Millisecond
+	// eagerStatusGap is the least time between two status updates sent
+	// because the watermark moved.
+	eagerStatusGap = 100 * time.Millisecond
+)
 
 var activePID = regexp.MustCompile(`active for PID (\d+)`)
 
@@ -182,6 +188,7 @@ type streamState struct {
 	lastCommitEnd pglogrepl.LSN // end LSN of the last Commit delivered
 	inTxn         bool
 	lastStatus    time.Time
+	lastFlush     pglogrepl.LSN // flush position of the last status update
 }
 
 // flushPosition is the position safe to confirm. When every delivered
@@ -215,6 +222,7 @@ func (s *Stream) sendStatus(st *streamState, progress Progress) error {
 		return fmt.Errorf("replication: send standby status: %w", err)
 	}
 	st.lastStatus = time.Now()
+	st.lastFlush = flush
 	if ce := s.log.Check(zap.DebugLevel, "standby status"); ce != nil {
 		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush))
 	}
@@ -240,6 +248,11 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 		}
 		now := time.Now()
 		due := st.lastStatus.Add(s.cfg.StatusInterval)
+		if progress.Confirmed() > st.lastFlush && now.Sub(st.lastStatus) >= eagerStatusGap {
+			// The watermark moved: tell the server soon rather than at the
+			// next interval, which shrinks what a crash would send again.
+			due = now
+		}
 		if !now.Before(due) {
 			if err := s.sendStatus(st, progress); err != nil {
 				return err
