@@ -141,25 +141,33 @@ func NewKafkaProducer(cfg KafkaConfig) (*KafkaProducer, error) {
 
 // Send implements Producer.
 func (p *KafkaProducer) Send(ctx context.Context, r *Record) error {
-	m := &sarama.ProducerMessage{
-		Topic:     r.Topic,
-		Key:       sarama.ByteEncoder(r.Key),
-		Value:     sarama.ByteEncoder(r.Value),
-		Timestamp: r.Timestamp,
-		Metadata:  r,
-	}
-	if len(r.Headers) > 0 {
-		m.Headers = make([]sarama.RecordHeader, len(r.Headers))
-		for i, h := range r.Headers {
-			m.Headers[i] = sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
-		}
-	}
+	m := saramaMessage(r.Topic, r)
+	m.Metadata = r
 	select {
 	case p.ap.Input() <- m:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// saramaMessage maps r to a sarama message for topic, with extra room in
+// the header slice for the dead-letter headers.
+func saramaMessage(topic string, r *Record, extraHeaders ...sarama.RecordHeader) *sarama.ProducerMessage {
+	m := &sarama.ProducerMessage{
+		Topic:     topic,
+		Key:       sarama.ByteEncoder(r.Key),
+		Value:     sarama.ByteEncoder(r.Value),
+		Timestamp: r.Timestamp,
+	}
+	if n := len(r.Headers) + len(extraHeaders); n > 0 {
+		m.Headers = make([]sarama.RecordHeader, 0, n)
+		for _, h := range r.Headers {
+			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
+		}
+		m.Headers = append(m.Headers, extraHeaders...)
+	}
+	return m
 }
 
 // Results implements Producer.
@@ -230,16 +238,7 @@ func NewKafkaDeadLetterer(cfg KafkaConfig, topic string) (*KafkaDeadLetterer, er
 // kept; a value that made the record too large is omitted (it stays in the
 // outbox table) and its size is noted in a header.
 func (d *KafkaDeadLetterer) DeadLetter(_ context.Context, r *Record, cause error) error {
-	m := &sarama.ProducerMessage{
-		Topic:     d.topic,
-		Key:       sarama.ByteEncoder(r.Key),
-		Value:     sarama.ByteEncoder(r.Value),
-		Timestamp: r.Timestamp,
-	}
-	for _, h := range r.Headers {
-		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-	}
-	m.Headers = append(m.Headers,
+	m := saramaMessage(d.topic, r,
 		sarama.RecordHeader{Key: []byte(HeaderDLQError), Value: []byte(cause.Error())},
 		sarama.RecordHeader{Key: []byte(HeaderDLQOriginalTopic), Value: []byte(r.Topic)},
 		sarama.RecordHeader{Key: []byte(HeaderDLQPayloadBytes), Value: strconv.AppendInt(nil, int64(len(r.Value)), 10)},
