@@ -94,7 +94,7 @@ func (p *Poller) State() State { return State(p.state.Load()) }
 // row it cannot read (ErrBadRow).
 func (p *Poller) Run(ctx context.Context) error {
 	defer p.state.Store(int32(StateStopped))
-	backoff := p.cfg.RestartBackoffMin
+	backoff := publisher.NewBackoff(p.cfg.RestartBackoffMin, p.cfg.RestartBackoffMax)
 	for {
 		started := time.Now()
 		err := p.session(ctx)
@@ -114,16 +114,13 @@ func (p *Poller) Run(ctx context.Context) error {
 			cause = "hook"
 		}
 		p.m.Restarts.WithLabelValues(cause).Inc()
-		if time.Since(started) > 2*p.cfg.RestartBackoffMax {
-			backoff = p.cfg.RestartBackoffMin
-		}
+		wait := backoff.Next(time.Since(started))
 		p.state.Store(int32(StateRestarting))
 		p.log.Warn("restarting: unacknowledged rows stay unpublished and are polled again",
-			zap.String("cause", cause), zap.Duration("backoff", backoff), zap.Error(err))
-		if !sleep(ctx, backoff) {
+			zap.String("cause", cause), zap.Duration("backoff", wait), zap.Error(err))
+		if !publisher.Sleep(ctx, wait) {
 			return nil
 		}
-		backoff = min(2*backoff, p.cfg.RestartBackoffMax)
 	}
 }
 
@@ -305,7 +302,7 @@ type worker struct {
 }
 
 func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) error {
-	if !sleep(readCtx, first) {
+	if !publisher.Sleep(readCtx, first) {
 		return nil
 	}
 	for readCtx.Err() == nil {
@@ -320,7 +317,7 @@ func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) erro
 		if n == w.p.cfg.BatchSize {
 			continue // a backlog: poll again at once
 		}
-		if !sleep(readCtx, time.Until(start.Add(w.p.cfg.Interval))) {
+		if !publisher.Sleep(readCtx, time.Until(start.Add(w.p.cfg.Interval))) {
 			return nil
 		}
 	}
@@ -498,18 +495,4 @@ func (w *worker) read(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("poll: select: %w", err)
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

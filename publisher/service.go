@@ -95,7 +95,7 @@ func (s *Service) setState(st State) {
 // slot, or an outbox table the decoder cannot read.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.setState(StateStopped)
-	backoff := s.cfg.RestartBackoffMin
+	backoff := NewBackoff(s.cfg.RestartBackoffMin, s.cfg.RestartBackoffMax)
 	standbyPID := -1
 	for {
 		started := time.Now()
@@ -108,7 +108,7 @@ func (s *Service) Run(ctx context.Context) error {
 		switch {
 		case errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID:
 			// Our own previous walsender has not exited yet: not a standby.
-			if !sleep(ctx, s.cfg.RestartBackoffMin) {
+			if !Sleep(ctx, s.cfg.RestartBackoffMin) {
 				return nil
 			}
 			continue
@@ -119,7 +119,7 @@ func (s *Service) Run(ctx context.Context) error {
 				standbyPID = inUse.PID
 			}
 			s.setState(StateStandby)
-			if !sleep(ctx, s.cfg.StandbyPollInterval) {
+			if !Sleep(ctx, s.cfg.StandbyPollInterval) {
 				return nil
 			}
 			continue
@@ -129,16 +129,13 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		cause := restartCause(err)
 		s.m.Restarts.WithLabelValues(cause).Inc()
-		if time.Since(started) > 2*s.cfg.RestartBackoffMax {
-			backoff = s.cfg.RestartBackoffMin // it ran fine for a while
-		}
+		wait := backoff.Next(time.Since(started))
 		s.setState(StateRestarting)
 		s.log.Warn("restarting pipeline from the last confirmed position",
-			zap.String("cause", cause), zap.Duration("backoff", backoff), zap.Error(err))
-		if !sleep(ctx, backoff) {
+			zap.String("cause", cause), zap.Duration("backoff", wait), zap.Error(err))
+		if !Sleep(ctx, wait) {
 			return nil
 		}
-		backoff = min(2*backoff, s.cfg.RestartBackoffMax)
 	}
 }
 
@@ -275,16 +272,5 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 // flight; those records are neither acked nor confirmed.
 func drainResults(p Producer) {
 	for range p.Results() {
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
 	}
 }
