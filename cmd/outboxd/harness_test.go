@@ -420,6 +420,14 @@ func ranges(ids []int64) string {
 	return b.String()
 }
 
+// delivered reads the test's topic until every outbox row arrived (or
+// timeout) and returns the verdict and the number of rows.
+func (e *env) delivered(timeout time.Duration) (verdict, int) {
+	e.t.Helper()
+	want := e.rows()
+	return verify(e.t, want, consume(e.t, e.brokers, e.topic, want, timeout)), len(want)
+}
+
 type verdict struct {
 	lost, duplicated, reordered, corrupt int
 }
