@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -193,4 +194,19 @@ func (l *stringList) String() string { return strings.Join(*l, "; ") }
 func (l *stringList) Set(v string) error {
 	*l = append(*l, v)
 	return nil
+}
+
+// newHook is the post-publish hook factory both sources use; nil when no
+// --hook is set.
+func (o *options) newHook() (func(context.Context) (publisher.Hook, error), error) {
+	hooks, err := publisher.ParseHooks(o.hooks)
+	if err != nil {
+		return nil, fmt.Errorf("invalid configuration: %w", err)
+	}
+	if len(hooks) == 0 {
+		return nil, nil
+	}
+	return func(ctx context.Context) (publisher.Hook, error) {
+		return publisher.NewSQLHooks(ctx, o.pgDSN, hooks)
+	}, nil
 }

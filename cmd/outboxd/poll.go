@@ -76,14 +76,8 @@ func runPoll(ctx context.Context, o *options, kcfg publisher.KafkaConfig, logger
 			return publisher.NewKafkaDeadLetterer(kcfg, cfg.DeadLetterTopic)
 		}
 	}
-	hooks, err := publisher.ParseHooks(o.hooks)
-	if err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
-	if len(hooks) > 0 {
-		deps.NewHook = func(ctx context.Context) (publisher.Hook, error) {
-			return publisher.NewSQLHooks(ctx, o.pgDSN, hooks)
-		}
+	if deps.NewHook, err = o.newHook(); err != nil {
+		return err
 	}
 	poller, err := poll.New(cfg, logger.Named("poll"), poll.NewMetrics(reg), deps)
 	if err != nil {

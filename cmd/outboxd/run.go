@@ -67,14 +67,8 @@ func cmdRun(ctx context.Context, args []string) error {
 			return publisher.NewKafkaDeadLetterer(kcfg, o.pub.DeadLetterTopic)
 		}
 	}
-	hooks, err := publisher.ParseHooks(o.hooks)
-	if err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
-	if len(hooks) > 0 {
-		deps.NewHook = func(ctx context.Context) (publisher.Hook, error) {
-			return publisher.NewSQLHooks(ctx, o.pgDSN, hooks)
-		}
+	if deps.NewHook, err = o.newHook(); err != nil {
+		return err
 	}
 	svc := publisher.NewService(o.pub, logger, metrics, deps)
 
