@@ -51,7 +51,11 @@ type Pipeline struct {
 	failOnce sync.Once
 	failErr  error
 	failed   chan struct{}
-	crash    func()
+	// cancel ends the session context that every blocking call of Run and
+	// the ack loop waits on (the limiter, Send, the dead-letterer, hooks),
+	// so the first failure releases them all.
+	cancel context.CancelCauseFunc
+	crash  func()
 }
 
 // NewPipeline builds a pipeline that starts at the slot's confirmed position.
@@ -83,38 +87,57 @@ func (p *Pipeline) Confirmed() pglogrepl.LSN { return p.wm.Confirmed() }
 // Done is closed when Run has returned.
 func (p *Pipeline) Done() <-chan struct{} { return p.done }
 
+// fail records the session's first failure and releases every goroutine
+// of the session that waits on the session context.
 func (p *Pipeline) fail(err error) {
 	p.failOnce.Do(func() {
 		p.failErr = err
 		close(p.failed)
+		p.cancel(err)
 	})
 }
+
+// errPipelineDone ends the session context when Run returns normally.
+var errPipelineDone = errors.New("publisher: pipeline done")
 
 // Run produces every event read from in. It returns nil once in is closed
 // and every produced event is acknowledged; the first produce error or
 // poison event (without a dead-letter topic) otherwise; ctx.Err() when ctx
 // is cancelled first. It does not close the producer.
+//
+// Run and its ack loop wait on one session context derived from ctx. The
+// first failure (a failed record, a hook or dead-letter error, a protocol
+// error) cancels it, so a Run blocked on the in-flight limit or on a full
+// producer input returns that failure at once instead of waiting for
+// acknowledgements that will never come.
 func (p *Pipeline) Run(ctx context.Context, in <-chan replication.Message) error {
 	defer close(p.done)
+	ctx, p.cancel = context.WithCancelCause(ctx)
 	acksDone := make(chan struct{})
-	ackCtx, cancelAcks := context.WithCancel(ctx)
 	defer func() {
-		cancelAcks()
+		p.cancel(errPipelineDone)
 		<-acksDone
 	}()
 	go func() {
 		defer close(acksDone)
-		p.ackLoop(ackCtx)
+		p.ackLoop(ctx)
 	}()
+	err := p.run(ctx, in)
+	select {
+	case <-p.failed:
+		return p.failErr // the first failure, not the cancellation it caused
+	default:
+		return err
+	}
+}
 
+func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error {
 	var cur *txn
 	for {
 		var m replication.Message
 		var ok bool
 		select {
 		case m, ok = <-in:
-		case <-p.failed:
-			return p.failErr
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -157,15 +180,7 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 		r.Err = &PoisonError{OutboxID: r.OutboxID, Size: int(r.size), Err: errNoTopic}
 		return p.handleResult(ctx, r)
 	}
-	select {
-	case <-p.failed:
-		return p.failErr
-	default:
-	}
-	if err := p.prod.Send(ctx, r); err != nil {
-		return err
-	}
-	return nil
+	return p.prod.Send(ctx, r)
 }
 
 // drain waits until every produced event is acknowledged.
@@ -176,9 +191,6 @@ func (p *Pipeline) drain(ctx context.Context) error {
 		}
 		select {
 		case <-p.lim.wake:
-			// Re-post so acquire-side waiters are not starved; only we wait here.
-		case <-p.failed:
-			return p.failErr
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -341,3 +341,77 @@ func TestParseHooks(t *testing.T) {
 		}
 	}
 }
+
+// The wedge of issue 9: with the in-flight limit reached, the reader waits in
+// the limiter; a failed record must release it, not leave it waiting for
+// acknowledgements that will never come.
+func TestPipelineFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxInFlightEvents = 2
+	h := startPipeline(t, cfg, nil)
+	h.in <- begin()
+	for i := int64(1); i <= 5; i++ {
+		h.in <- event(i, "a", "t")
+	}
+	r1 := h.next()
+	h.next()
+	h.prod.fail(r1, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	err := h.result()
+	if !errors.Is(err, ErrProduce) {
+		t.Fatalf("Run() = %v, want the produce error", err)
+	}
+	if n := h.prod.numSent(); n != 2 {
+		t.Fatalf("%d records sent after the failure, want 2", n)
+	}
+}
+
+// blockingProducer's Send blocks like a full producer input until its
+// context ends.
+type blockingProducer struct {
+	*fakeProducer
+	entered chan struct{}
+}
+
+func (b *blockingProducer) Send(ctx context.Context, r *Record) error {
+	if b.numSent() < 1 {
+		return b.fakeProducer.Send(ctx, r)
+	}
+	close(b.entered)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func TestPipelineFailureReleasesSendBlockedOnProducerInput(t *testing.T) {
+	prod := &blockingProducer{fakeProducer: newFakeProducer(), entered: make(chan struct{})}
+	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
+	in := make(chan replication.Message, 10)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(context.Background(), in) }()
+	in <- begin()
+	in <- event(1, "a", "t")
+	in <- event(2, "a", "t")
+	r1 := <-prod.sentCh
+	<-prod.entered
+	prod.fail(r1, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrProduce) {
+			t.Fatalf("Run() = %v, want the produce error, not the cancellation", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still blocked in Send after a record failed")
+	}
+}
+
+func TestPipelineHookFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxInFlightEvents = 1
+	h := startPipelineWithHook(t, cfg, nil, &fakeHook{err: fmt.Errorf("%w: boom", ErrHook)})
+	h.in <- begin()
+	h.in <- event(1, "a", "t")
+	h.in <- event(2, "a", "t")
+	h.prod.ack(h.next())
+	if err := h.result(); !errors.Is(err, ErrHook) {
+		t.Fatalf("Run() = %v, want the hook error", err)
+	}
+}
