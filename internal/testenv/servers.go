@@ -77,15 +77,18 @@ func (s *PGServer) Restart(mode string) {
 	s.Start()
 }
 
-// KafkaServer is a private single-node Kafka (dev/stack kafka-*), for tests
-// that stop, kill or restart it. Its methods fail the test on error, so call
-// them from the test's goroutine.
+// KafkaServer is a private single-node Kafka (dev/stack kafka-*), or one
+// node of a [KafkaCluster], for tests that stop, kill, pause or restart it.
+// Its methods fail the test on error, so call them from the test's goroutine.
 type KafkaServer struct {
 	Brokers []string // its one broker, 127.0.0.1:Port
 	Dir     string   // instance folder: server.properties, data/, server.log, pid
 	Port    int
+	NodeID  int32 // Kafka's node.id: 1 alone, i+1 for a cluster's Node(i)
 
-	t testing.TB
+	t      testing.TB
+	down   bool // stopped or killed by us
+	paused bool // SIGSTOPped by Pause
 }
 
 // StartKafka formats and starts a private Kafka (same settings as the dev
@@ -98,6 +101,7 @@ func StartKafka(t testing.TB) *KafkaServer {
 		Brokers: []string{fmt.Sprintf("127.0.0.1:%d", ports[0])},
 		Dir:     dir,
 		Port:    ports[0],
+		NodeID:  1,
 		t:       t,
 	}
 	t.Cleanup(func() {
@@ -113,20 +117,25 @@ func StartKafka(t testing.TB) *KafkaServer {
 	return s
 }
 
-// Start starts the broker and waits until it has started and accepts connections.
+// Start starts the broker and waits until it has started and accepts
+// connections. A cluster node has then registered with the controller and
+// been unfenced; it may still be catching up (see [KafkaCluster.WaitInSync]).
 func (s *KafkaServer) Start() {
 	s.t.Helper()
 	if err := stack("kafka-start", s.Dir); err != nil {
 		s.t.Fatalf("testenv: %v", err)
 	}
+	s.down, s.paused = false, false
 }
 
-// Stop stops the broker gracefully (SIGTERM; SIGKILL if it takes too long).
+// Stop stops the broker gracefully (SIGTERM, resuming it if paused; SIGKILL
+// if it takes too long) and waits until it has exited.
 func (s *KafkaServer) Stop() {
 	s.t.Helper()
 	if err := stack("kafka-stop", s.Dir); err != nil {
 		s.t.Fatalf("testenv: %v", err)
 	}
+	s.down, s.paused = true, false
 }
 
 // Kill kills the broker with SIGKILL, as a crash would.
@@ -135,6 +144,7 @@ func (s *KafkaServer) Kill() {
 	if err := stack("kafka-stop", s.Dir, "kill"); err != nil {
 		s.t.Fatalf("testenv: %v", err)
 	}
+	s.down, s.paused = true, false
 }
 
 // stack runs dev/stack with args and returns its output in the error.

@@ -5,7 +5,8 @@
 // writes at the repo root. Each test gets its own database ([Postgres]) and
 // its own topics ([KafkaEnv.Topic]), so tests can run in parallel against
 // one stack. Tests that must stop or restart a server start a private one
-// with [StartPostgres] or [StartKafka].
+// with [StartPostgres] or [StartKafka], and tests of broker failover a
+// private replicated cluster with [StartKafkaCluster].
 //
 // When a server is not configured or not reachable, the test is skipped, or
 // fails when CI=true, with a message that says to run `make up`.
