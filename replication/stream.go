@@ -9,22 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 )
-
-// StreamConfig says where to stream from.
-type StreamConfig struct {
-	// ConnString is a libpq DSN or URL; the stream adds replication=database.
-	ConnString  string
-	Slot        string
-	Publication string
-	// StatusInterval bounds the time between two standby status updates.
-	// It must stay well below the server's wal_sender_timeout (60 s default).
-	StatusInterval time.Duration
-	Decoder        DecoderConfig
-}
 
 // Progress is what the stream needs from whoever consumes its messages.
 type Progress interface {
@@ -53,13 +42,22 @@ type Stream struct {
 // from the slot's confirmed position. It returns an error wrapping
 // ErrSlotInUse (as a *SlotInUseError) when another process streams from the
 // slot, and ErrSlotMissing when the slot does not exist.
+//
+// Zero durations in cfg take their DefaultStreamConfig values; the result
+// must pass Validate. Connecting is bounded by cfg.ConnectTimeout unless the
+// connection string sets connect_timeout; checking the slot and starting
+// replication are bounded by cfg.ConnectTimeout too.
 func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, error) {
-	if cfg.StatusInterval <= 0 {
-		cfg.StatusInterval = 10 * time.Second
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("replication: parse connection string: %w", err)
+	}
+	if pcfg.ConnectTimeout == 0 {
+		pcfg.ConnectTimeout = cfg.ConnectTimeout
 	}
 	pcfg.RuntimeParams["replication"] = "database"
 	// Output functions run with the walsender's settings: pin the text forms
@@ -74,8 +72,13 @@ func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, erro
 		return nil, fmt.Errorf("replication: connect: %w", err)
 	}
 	s := &Stream{cfg: cfg, log: log, conn: conn, dec: NewDecoder(cfg.Decoder)}
-	if err := s.startReplication(ctx); err != nil {
-		conn.Close(context.Background())
+	sctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	if err := s.startReplication(sctx); err != nil {
+		s.Close()
+		if errors.Is(sctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			return nil, fmt.Errorf("replication: no answer from the server within %s while starting replication on slot %q: %w", cfg.ConnectTimeout, cfg.Slot, err)
+		}
 		return nil, err
 	}
 	return s, nil
@@ -87,10 +90,30 @@ func (s *Stream) BackendPID() int { return int(s.conn.PID()) }
 // StartLSN is the slot's confirmed position the stream started from.
 func (s *Stream) StartLSN() pglogrepl.LSN { return s.start }
 
+// quoteLiteral quotes s as a string literal, for SQL and for replication
+// commands alike. A walsender speaks the simple query protocol only, so the
+// slot name cannot be a bound parameter.
+func (s *Stream) quoteLiteral(v string) (string, error) {
+	q, err := s.conn.EscapeString(v)
+	if err != nil {
+		return "", fmt.Errorf("replication: quote %q: %w", v, err)
+	}
+	return "'" + q + "'", nil
+}
+
 func (s *Stream) startReplication(ctx context.Context) error {
-	res := s.conn.Exec(ctx, fmt.Sprintf(
-		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_replication_slots WHERE slot_name = '%s'",
-		s.cfg.Slot)) // Slot is a validated identifier.
+	slotLit, err := s.quoteLiteral(s.cfg.Slot)
+	if err != nil {
+		return err
+	}
+	// publication_names is a comma-separated list of identifiers inside a
+	// string literal: quote the identifier, then the literal.
+	pubLit, err := s.quoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize())
+	if err != nil {
+		return err
+	}
+	res := s.conn.Exec(ctx,
+		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
 	rows, err := res.ReadAll()
 	if err != nil {
 		return fmt.Errorf("replication: read slot %q: %w", s.cfg.Slot, err)
@@ -109,11 +132,11 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	if s.start, err = pglogrepl.ParseLSN(string(r[3])); err != nil {
 		return fmt.Errorf("replication: slot %q confirmed_flush_lsn: %w", s.cfg.Slot, err)
 	}
-	err = pglogrepl.StartReplication(ctx, s.conn, s.cfg.Slot, s.start, pglogrepl.StartReplicationOptions{
+	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), s.start, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{
 			"proto_version '1'",
-			fmt.Sprintf("publication_names '%s'", s.cfg.Publication),
+			"publication_names " + pubLit,
 		},
 	})
 	if err != nil {
@@ -151,11 +174,16 @@ func slotInUse(slot, msg string) error {
 // reading.
 //
 // Cancelling ctx stops reading at the next transaction boundary, not the
-// stream: Run keeps sending status updates until progress.Done() is closed, so the last acknowledgements still
-// reach the server, then sends a final update and returns nil. Standby status
+// stream: Run keeps sending status updates until progress.Done() is closed,
+// so the last acknowledgements still reach the server, then sends a final
+// update and returns nil. Standby status
 // updates flow every StatusInterval, when the server asks, and while out is
 // full (backpressure), so wal_sender_timeout never fires because the
 // downstream is slow.
+//
+// Run returns an error wrapping ErrServerSilent when the server sends
+// nothing for StreamConfig.ServerTimeout of waiting for it; time blocked on
+// a full out does not count.
 func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress) error {
 	st := &streamState{received: s.start, lastCommitEnd: s.start}
 	err := s.receive(ctx, out, progress, st)
@@ -172,9 +200,9 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress)
 	for {
 		select {
 		case <-progress.Done():
-			return s.sendStatus(st, progress)
+			return s.sendStatus(st, progress, false)
 		case <-ticker.C:
-			if err := s.sendStatus(st, progress); err != nil {
+			if err := s.sendStatus(st, progress, false); err != nil {
 				return err
 			}
 		}
@@ -189,6 +217,11 @@ type streamState struct {
 	inTxn         bool
 	lastStatus    time.Time
 	lastFlush     pglogrepl.LSN // flush position of the last status update
+	// heard is when the stream last heard from the server, or went back to
+	// waiting for it (after a wait on out): only time spent waiting for the
+	// server counts as its silence.
+	heard  time.Time
+	pinged bool // a status update asking for a reply went out since heard
 }
 
 // flushPosition is the position safe to confirm. When every delivered
@@ -203,8 +236,16 @@ func (st *streamState) flushPosition(progress Progress) pglogrepl.LSN {
 	return confirmed
 }
 
-func (s *Stream) sendStatus(st *streamState, progress Progress) error {
+// sendStatus sends a standby status update; ping asks the server to answer
+// at once with a keepalive.
+func (s *Stream) sendStatus(st *streamState, progress Progress, ping bool) error {
 	flush := st.flushPosition(progress)
+	if flush < st.lastFlush {
+		// Never confirm backwards (after an idle confirm, the consumer's
+		// position is below it until its next commit): PostgreSQL stores a
+		// lower flush position as given.
+		flush = st.lastFlush
+	}
 	write := st.received
 	if write < flush {
 		write = flush
@@ -217,6 +258,7 @@ func (s *Stream) sendStatus(st *streamState, progress Progress) error {
 		WALWritePosition: write,
 		WALFlushPosition: flush,
 		WALApplyPosition: flush,
+		ReplyRequested:   ping,
 	})
 	if err != nil {
 		return fmt.Errorf("replication: send standby status: %w", err)
@@ -224,16 +266,18 @@ func (s *Stream) sendStatus(st *streamState, progress Progress) error {
 	st.lastStatus = time.Now()
 	st.lastFlush = flush
 	if ce := s.log.Check(zap.DebugLevel, "standby status"); ce != nil {
-		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush))
+		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush), zap.Bool("ping", ping))
 	}
 	return nil
 }
 
 func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progress, st *streamState) error {
-	if err := s.sendStatus(st, progress); err != nil {
+	if err := s.sendStatus(st, progress, false); err != nil {
 		return err
 	}
 	var readDeadline time.Time // as last set on the socket
+	st.heard = time.Now()
+	got := false // the last receive returned a message
 	for {
 		// A stop takes effect between transactions: the rest of the one in
 		// hand is already on its way, and stopping inside it would leave its
@@ -247,6 +291,34 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 		default:
 		}
 		now := time.Now()
+		if got {
+			// Set here rather than on receipt, after the message was
+			// handled: a wait on out (backpressure) is not the server's
+			// silence.
+			st.heard, st.pinged, got = now, false, false
+		}
+		// The watchdog: a half-open connection or a stopped server sends
+		// nothing, and a read would wait for ever.
+		silence := st.heard.Add(s.cfg.ServerTimeout)
+		if !now.Before(silence) {
+			return fmt.Errorf("replication: %w: nothing from the server for %s, not even a keepalive when asked: the connection is half-open or the server stopped; the session restarts",
+				ErrServerSilent, now.Sub(st.heard).Round(time.Millisecond))
+		}
+		ping := st.heard.Add(s.cfg.ServerTimeout / 2)
+		if !st.pinged && !now.Before(ping) {
+			// A live walsender answers a reply request with a keepalive.
+			// It sends keepalives of its own only when it has not heard
+			// from us for wal_sender_timeout/2, which our status updates
+			// never let happen.
+			if err := s.sendStatus(st, progress, true); err != nil {
+				return err
+			}
+			st.pinged = true
+			continue
+		}
+		if st.pinged {
+			ping = silence
+		}
 		due := st.lastStatus.Add(s.cfg.StatusInterval)
 		if progress.Confirmed() > st.lastFlush && now.Sub(st.lastStatus) >= eagerStatusGap {
 			// The watermark moved: tell the server soon rather than at the
@@ -254,7 +326,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			due = now
 		}
 		if !now.Before(due) {
-			if err := s.sendStatus(st, progress); err != nil {
+			if err := s.sendStatus(st, progress, false); err != nil {
 				return err
 			}
 			continue
@@ -267,6 +339,9 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 		wake := now.Add(stopPoll)
 		if due.Before(wake) {
 			wake = due
+		}
+		if ping.Before(wake) {
+			wake = ping
 		}
 		if !readDeadline.After(now) || wake.Before(readDeadline) || wake.Sub(readDeadline) > stopPoll/2 {
 			if err := s.conn.Conn().SetReadDeadline(wake); err != nil {
@@ -281,6 +356,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			}
 			return fmt.Errorf("replication: receive: %w", err)
 		}
+		got = true
 		switch msg := raw.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(ctx, msg.Data, out, progress, st); err != nil {
@@ -313,7 +389,7 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 			st.received = ka.ServerWALEnd
 		}
 		if ka.ReplyRequested {
-			return s.sendStatus(st, progress)
+			return s.sendStatus(st, progress, false)
 		}
 		return nil
 	case pglogrepl.XLogDataByteID:
@@ -330,6 +406,10 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 		}
 		if m.Kind == KindNone {
 			return nil
+		}
+		if m.Kind == KindBegin && ctx.Err() != nil {
+			// Stopped between transactions: start no new one.
+			return errStopped
 		}
 		m.WALStart = xld.WALStart
 		if err := s.deliver(ctx, out, m, progress, st); err != nil {
@@ -348,6 +428,11 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 		return fmt.Errorf("%w: unknown CopyData type %q", ErrProtocol, data[0])
 	}
 }
+
+// ErrServerSilent means the server sent nothing, not even a keepalive when
+// asked for one, for StreamConfig.ServerTimeout: the connection is half-open
+// or the server stopped. Run returns it so that the caller restarts.
+var ErrServerSilent = errors.New("replication server silent")
 
 // errStopped ends the receive loop without an error: ctx was cancelled or the
 // consumer is gone.
@@ -379,7 +464,7 @@ func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, pro
 			timer.Stop()
 			return errStopped
 		case <-timer.C:
-			if err := s.sendStatus(st, progress); err != nil {
+			if err := s.sendStatus(st, progress, false); err != nil {
 				return err
 			}
 		}
