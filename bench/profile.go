@@ -69,7 +69,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	}
 	kcfg := publisher.DefaultKafkaConfig()
 	kcfg.Brokers = st.Brokers
-	newProducer := func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) }
+	newProducer := func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg, nil, publisher.ProducerHooks{}) }
 
 	// profiled runs start under the profiler and returns once done says so.
 	profiled := func(name string, start func(ctx context.Context) <-chan error, done func() bool) error {
@@ -248,7 +248,7 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 			return replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
 				StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
 		},
-		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) },
+		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg, nil, publisher.ProducerHooks{}) },
 	})
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -28,6 +28,9 @@ func (b *Backoff) Next(ran time.Duration) time.Duration {
 	return d
 }
 
+// Reset starts the backoff over from min.
+func (b *Backoff) Reset() { b.next = b.min }
+
 // Sleep waits d, or until ctx is done; it reports whether ctx is still live.
 func Sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {

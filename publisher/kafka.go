@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -26,10 +25,25 @@ type KafkaConfig struct {
 	Linger time.Duration
 	// MaxMessageBytes is the largest record the producer accepts.
 	MaxMessageBytes int
-	// RetryMax and RetryBackoff are the producer's own retries before a
-	// record fails (and the pipeline restarts).
-	RetryMax     int
-	RetryBackoff time.Duration
+	// RetryBackoff and RetryBackoffMax bound the backoff (with jitter)
+	// between two attempts at the same batch.
+	RetryBackoff    time.Duration
+	RetryBackoffMax time.Duration
+	// DeliveryTimeout is how long a batch may keep failing with retriable
+	// errors (broker down, no leader, not enough replicas) before its
+	// records fail and the pipeline restarts. Until then the producer sends
+	// the same batch again, which keeps per-partition order and adds no
+	// duplicate; a restart sends everything unconfirmed again.
+	DeliveryTimeout time.Duration
+	// RequestTimeout is how long a broker may wait for the in-sync
+	// replicas before answering a produce request; the connection's read
+	// timeout is five seconds more, which bounds a request to a broker that
+	// stopped answering (a black hole).
+	RequestTimeout time.Duration
+	// ContinueAfterPoison makes a poison record fail alone (the pipeline
+	// diverts it to the dead-letter topic) instead of stopping its
+	// partition. Set when a dead-letter topic is configured.
+	ContinueAfterPoison bool
 	// Configure, when set, is applied last (TLS, SASL, tests).
 	Configure func(*sarama.Config)
 }
@@ -43,8 +57,10 @@ func DefaultKafkaConfig() KafkaConfig {
 		Version:         sarama.V4_1_0_0,
 		Compression:     "none",
 		MaxMessageBytes: 1000000,
-		RetryMax:        5,
-		RetryBackoff:    200 * time.Millisecond,
+		RetryBackoff:    50 * time.Millisecond,
+		RetryBackoffMax: time.Second,
+		DeliveryTimeout: 2 * time.Minute,
+		RequestTimeout:  10 * time.Second,
 	}
 }
 
@@ -61,8 +77,14 @@ func (c KafkaConfig) Validate() error {
 	if c.MaxMessageBytes < 1 {
 		errs = append(errs, fmt.Errorf("max message bytes must be ≥ 1, got %d", c.MaxMessageBytes))
 	}
-	if c.RetryMax < 1 {
-		errs = append(errs, fmt.Errorf("Kafka retry max must be ≥ 1 (idempotent producer), got %d", c.RetryMax))
+	if c.RetryBackoff <= 0 || c.RetryBackoffMax < c.RetryBackoff {
+		errs = append(errs, fmt.Errorf("Kafka retry backoff must satisfy 0 < min ≤ max, got min %s max %s", c.RetryBackoff, c.RetryBackoffMax))
+	}
+	if c.DeliveryTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("Kafka delivery timeout must be > 0, got %s: set --kafka-delivery-timeout", c.DeliveryTimeout))
+	}
+	if c.RequestTimeout < time.Millisecond {
+		errs = append(errs, fmt.Errorf("Kafka request timeout must be ≥ 1ms, got %s", c.RequestTimeout))
 	}
 	return errors.Join(errs...)
 }
@@ -81,8 +103,16 @@ func (c KafkaConfig) Sarama() (*sarama.Config, error) {
 	sc.Net.MaxOpenRequests = 1
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
-	sc.Producer.Retry.Max = c.RetryMax
-	sc.Producer.Retry.Backoff = c.RetryBackoff
+	// For sarama's own producers (the dead-letterer); KafkaProducer
+	// retries by DeliveryTimeout.
+	sc.Producer.Retry.Max = 10
+	sc.Producer.Retry.Backoff = c.RetryBackoffMax
+	sc.Producer.Timeout = c.RequestTimeout
+	sc.Net.DialTimeout = 5 * time.Second
+	sc.Net.ReadTimeout = c.RequestTimeout + 5*time.Second
+	sc.Net.WriteTimeout = c.RequestTimeout + 5*time.Second
+	sc.Metadata.Retry.Max = 1
+	sc.Metadata.Retry.Backoff = c.RetryBackoff
 	sc.Producer.MaxMessageBytes = c.MaxMessageBytes
 	sc.Producer.Partitioner = NewJavaPartitioner
 	sc.Producer.Flush.Frequency = c.Linger
@@ -94,61 +124,6 @@ func (c KafkaConfig) Sarama() (*sarama.Config, error) {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}
 	return sc, nil
-}
-
-// KafkaProducer is the sarama AsyncProducer behind the Producer interface.
-type KafkaProducer struct {
-	ap      sarama.AsyncProducer
-	results chan *Record
-	wg      sync.WaitGroup
-	once    sync.Once
-}
-
-// NewKafkaProducer connects to the brokers.
-func NewKafkaProducer(cfg KafkaConfig) (*KafkaProducer, error) {
-	sc, err := cfg.Sarama()
-	if err != nil {
-		return nil, err
-	}
-	ap, err := sarama.NewAsyncProducer(cfg.Brokers, sc)
-	if err != nil {
-		return nil, fmt.Errorf("kafka producer: %w", err)
-	}
-	p := &KafkaProducer{ap: ap, results: make(chan *Record, sc.ChannelBufferSize)}
-	p.wg.Add(2)
-	go func() {
-		defer p.wg.Done()
-		for m := range ap.Successes() {
-			r := m.Metadata.(*Record)
-			r.Partition, r.Offset = m.Partition, m.Offset
-			p.results <- r
-		}
-	}()
-	go func() {
-		defer p.wg.Done()
-		for pe := range ap.Errors() {
-			r := pe.Msg.Metadata.(*Record)
-			r.Err = classify(r, pe.Err)
-			p.results <- r
-		}
-	}()
-	go func() {
-		p.wg.Wait()
-		close(p.results)
-	}()
-	return p, nil
-}
-
-// Send implements Producer.
-func (p *KafkaProducer) Send(ctx context.Context, r *Record) error {
-	m := saramaMessage(r.Topic, r)
-	m.Metadata = r
-	select {
-	case p.ap.Input() <- m:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // saramaMessage maps r to a sarama message for topic, with extra room in
@@ -168,15 +143,6 @@ func saramaMessage(topic string, r *Record, extraHeaders ...sarama.RecordHeader)
 		m.Headers = append(m.Headers, extraHeaders...)
 	}
 	return m
-}
-
-// Results implements Producer.
-func (p *KafkaProducer) Results() <-chan *Record { return p.results }
-
-// Close implements Producer: in-flight records still come back on Results.
-func (p *KafkaProducer) Close() error {
-	p.once.Do(p.ap.AsyncClose)
-	return nil
 }
 
 // permanent are the errors for which a retry of the same record can never

@@ -3,6 +3,7 @@ package publisher
 import (
 	"context"
 	"sync"
+	"time"
 )
 
 // limiter bounds the events and bytes in flight. One goroutine acquires,
@@ -13,6 +14,10 @@ type limiter struct {
 	events, bytes       int64
 	maxEvents, maxBytes int64
 	wake                chan struct{}
+	// progress is when an event was last released, or when the limiter
+	// last went from empty to busy: the start of the current wait for
+	// Kafka, for the stall metric.
+	progress time.Time
 }
 
 func newLimiter(maxEvents int, maxBytes int64) *limiter {
@@ -23,6 +28,9 @@ func (l *limiter) acquire(ctx context.Context, n int64) error {
 	for {
 		l.mu.Lock()
 		if l.events == 0 || (l.events < l.maxEvents && l.bytes+n <= l.maxBytes) {
+			if l.events == 0 {
+				l.progress = time.Now()
+			}
 			l.events++
 			l.bytes += n
 			l.mu.Unlock()
@@ -41,11 +49,23 @@ func (l *limiter) release(n int64) {
 	l.mu.Lock()
 	l.events--
 	l.bytes -= n
+	l.progress = time.Now()
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
 	default:
 	}
+}
+
+// stalled is how long events have been in flight with none released; zero
+// when none is in flight.
+func (l *limiter) stalled(now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.events == 0 || now.Before(l.progress) {
+		return 0
+	}
+	return now.Sub(l.progress)
 }
 
 func (l *limiter) inFlight() (events, bytes int64) {

@@ -22,6 +22,10 @@ type Metrics struct {
 	CommitToAck    prometheus.Histogram
 	Restarts       *prometheus.CounterVec
 	Standby        prometheus.Gauge
+	// ProduceRetries and ProduceRecovery observe the Kafka producer (see
+	// ProducerHooks).
+	ProduceRetries  *prometheus.CounterVec
+	ProduceRecovery prometheus.Histogram
 
 	// Set by the slot poller (see SlotPollerMetrics): they describe the
 	// slot, so every instance polling it reports the same values.
@@ -33,8 +37,11 @@ type Metrics struct {
 	// LagSeconds is computed at scrape time from the watermark of the latest
 	// pipeline: now − commit time of the oldest unconfirmed transaction.
 	LagSeconds prometheus.GaugeFunc
+	// StalledSeconds is computed at scrape time: see Stalled.
+	StalledSeconds prometheus.GaugeFunc
 
 	wm        atomic.Pointer[Watermark] // the latest pipeline's
+	lim       atomic.Pointer[limiter]   // the latest pipeline's
 	isStandby atomic.Bool               // mirrors Standby
 }
 
@@ -71,6 +78,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the Postgres commit to the Kafka acknowledgement of an event.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		ProduceRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_produce_retries_total", Help: "Batches sent again after a retriable Kafka error (broker down, no leader, not enough replicas).",
+		}, []string{"topic"}),
+		ProduceRecovery: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outboxd_produce_recovery_seconds",
+			Help:    "Time a partition kept failing with retriable errors before Kafka acknowledged it again.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}),
 		Restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_pipeline_restarts_total", Help: "Pipeline restarts, by cause.",
 		}, []string{"cause"}),
@@ -90,6 +105,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.Standby = standbyGauge{prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxd_standby", Help: "1 while another process holds the slot and this one waits.",
 	}), &m.isStandby}
+	m.StalledSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "outboxd_stalled_seconds", Help: "How long events have been waiting for Kafka with none acknowledged; 0 when nothing waits. Alert when it stays above a few seconds: outboxd is stuck.",
+	}, func() float64 { return m.Stalled(time.Now()).Seconds() })
 	m.LagSeconds = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "outboxd_lag_seconds", Help: "Now minus the commit time of the oldest transaction received and not yet confirmed; 0 when none (or standby).",
 	}, func() float64 { return m.Lag(time.Now()).Seconds() })
@@ -105,9 +123,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered,
 			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck,
 			m.Restarts, m.Standby, m.ServerWALLSN, m.LagBytes, m.SlotRetainedWALBytes,
-			m.SlotPolls, m.LagSeconds)
+			m.SlotPolls, m.LagSeconds, m.ProduceRetries, m.ProduceRecovery, m.StalledSeconds)
 	}
 	return m
+}
+
+// ProducerHooks feed the producer metrics.
+func (m *Metrics) ProducerHooks() ProducerHooks {
+	return ProducerHooks{
+		OnRetry: func(topic string, _ int32, _ int, _ error) { m.ProduceRetries.WithLabelValues(topic).Inc() },
+		OnRecovered: func(_ string, _ int32, stalled time.Duration) {
+			m.ProduceRecovery.Observe(stalled.Seconds())
+		},
+	}
 }
 
 // standbyGauge is the Standby gauge, also remembered for LagSeconds.
@@ -126,6 +154,18 @@ func (g standbyGauge) Set(v float64) {
 // starts: its oldest unconfirmed transaction keeps ageing while the service
 // restarts, as it should.
 func (m *Metrics) track(wm *Watermark) { m.wm.Store(wm) }
+
+func (m *Metrics) trackStall(l *limiter) { m.lim.Store(l) }
+
+// Stalled is how long the latest pipeline has had events in flight with
+// none acknowledged: zero when nothing is waiting, or Kafka keeps
+// acknowledging. A value that keeps growing means stuck.
+func (m *Metrics) Stalled(now time.Time) time.Duration {
+	if l := m.lim.Load(); l != nil && !m.isStandby.Load() {
+		return l.stalled(now)
+	}
+	return 0
+}
 
 // Lag is now minus the commit time of the oldest transaction received and not
 // yet confirmed: 0 when none is in flight, before the first pipeline and

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
@@ -51,6 +52,8 @@ type Pipeline struct {
 	failOnce sync.Once
 	failErr  error
 	failed   chan struct{}
+	// progressed is set by the first acknowledged event.
+	progressed atomic.Bool
 	// cancel ends the session context that every blocking call of Run and
 	// the ack loop waits on (the limiter, Send, the dead-letterer, hooks),
 	// so the first failure releases them all.
@@ -66,7 +69,7 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, h
 	}
 	wm := NewWatermark(start)
 	m.track(wm) // for the lag-seconds metric
-	return &Pipeline{
+	p := &Pipeline{
 		cfg:    cfg,
 		log:    log,
 		prod:   prod,
@@ -79,7 +82,13 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, h
 		failed: make(chan struct{}),
 		crash:  func() { os.Exit(3) },
 	}
+	m.trackStall(p.lim) // for the stalled-seconds metric and readiness
+	return p
 }
+
+// Progressed reports whether Kafka acknowledged (or the dead-letter topic
+// took) at least one event of this pipeline.
+func (p *Pipeline) Progressed() bool { return p.progressed.Load() }
 
 // Confirmed is the position safe to confirm to the server.
 func (p *Pipeline) Confirmed() pglogrepl.LSN { return p.wm.Confirmed() }
@@ -254,6 +263,9 @@ func (p *Pipeline) handleResult(ctx context.Context, r *Record) error {
 	}
 	p.wm.Ack(r.txn)
 	p.lim.release(r.size)
+	if !p.progressed.Load() {
+		p.progressed.Store(true)
+	}
 	p.m.InFlightEvents.Dec()
 	p.m.InFlightBytes.Sub(float64(r.size))
 	p.m.ConfirmedLSN.Set(float64(p.wm.Confirmed()))

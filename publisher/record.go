@@ -35,8 +35,9 @@ type Record struct {
 	Offset    int64
 	Err       error
 
-	txn  *txn
-	size int64
+	txn      *txn
+	size     int64
+	enqueued time.Time // when the producer queued it, for the linger
 }
 
 // Size is the record's key, value and header bytes.

@@ -66,8 +66,10 @@ type Service struct {
 	deps  Deps
 	state atomic.Int32
 	// lastPID is the server process of the previous session's replication
-	// connection (Run's goroutine only).
-	lastPID int
+	// connection, and progressed whether that session's pipeline delivered
+	// anything (Run's goroutine only).
+	lastPID    int
+	progressed bool
 }
 
 // NewService builds a service. m may be nil.
@@ -77,6 +79,10 @@ func NewService(cfg Config, log *zap.Logger, m *Metrics, deps Deps) *Service {
 	}
 	return &Service{cfg: cfg, log: log, m: m, deps: deps}
 }
+
+// Stalled is how long the current session has had events waiting for Kafka
+// with none acknowledged (see Metrics.Stalled).
+func (s *Service) Stalled() time.Duration { return s.m.Stalled(time.Now()) }
 
 // State reports what the service is doing.
 func (s *Service) State() State { return State(s.state.Load()) }
@@ -129,6 +135,11 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		cause := restartCause(err)
 		s.m.Restarts.WithLabelValues(cause).Inc()
+		if s.progressed {
+			// The session delivered events: this failure is a new one, not
+			// the same outage again, so it does not inherit the backoff.
+			backoff.Reset()
+		}
 		wait := backoff.Next(time.Since(started))
 		s.setState(StateRestarting)
 		s.log.Warn("restarting pipeline from the last confirmed position",
@@ -167,6 +178,7 @@ var (
 
 // session is one pipeline run: open the slot, open the producer, stream.
 func (s *Service) session(ctx context.Context, standbyPID *int) error {
+	s.progressed = false
 	src, err := s.deps.OpenSource(ctx)
 	if err != nil {
 		if errors.Is(err, replication.ErrSlotInUse) || isFatal(err) {
@@ -245,6 +257,7 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 	s.setState(StateStreaming)
 
 	plErr := pl.Run(hardCtx, out)
+	s.progressed = pl.Progressed()
 	if plErr != nil {
 		cancelRead() // stop reading; the stream still confirms what was acked
 		if ctx.Err() == nil {

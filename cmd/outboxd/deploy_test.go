@@ -38,7 +38,7 @@ func TestGrafanaDashboardCoversEveryMetric(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	m := publisher.NewMetrics(reg)
-	for _, v := range []*prometheus.CounterVec{m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered} {
+	for _, v := range []*prometheus.CounterVec{m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered, m.ProduceRetries} {
 		v.WithLabelValues("t")
 	}
 	mfs, err := reg.Gather()
@@ -54,8 +54,8 @@ func TestGrafanaDashboardCoversEveryMetric(t *testing.T) {
 			t.Errorf("no dashboard panel charts %s", name)
 		}
 	}
-	if len(mfs) != 16 {
-		t.Errorf("%d metric families, the dashboard was written for 16: update it", len(mfs))
+	if len(mfs) != 19 {
+		t.Errorf("%d metric families, the dashboard was written for 19: update it", len(mfs))
 	}
 }
 

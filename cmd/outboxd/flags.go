@@ -32,6 +32,8 @@ type options struct {
 	kafkaVersion    string
 	compression     string
 	linger          time.Duration
+	deliveryTimeout time.Duration
+	stallTimeout    time.Duration
 	maxMessageBytes int
 	statusInterval  time.Duration
 	noCreate        bool
@@ -66,9 +68,11 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.kafkaVersion, "kafka-version", k.Version.String(), "Kafka protocol version to speak (Kafka 4 needs ≥ 2.1)")
 	fs.StringVar(&o.compression, "kafka-compression", k.Compression, "record compression: none, gzip, snappy, lz4, zstd")
 	fs.DurationVar(&o.linger, "kafka-linger", k.Linger, "wait up to this long to batch records (0: send as soon as the previous request returns)")
+	fs.DurationVar(&o.deliveryTimeout, "kafka-delivery-timeout", k.DeliveryTimeout, "how long a batch may keep failing with retriable errors (broker down, no leader, not enough replicas) before the pipeline restarts; until then the same batch is sent again, in order and without duplicates")
 	fs.IntVar(&o.maxMessageBytes, "kafka-max-message-bytes", k.MaxMessageBytes, "largest record to produce; larger ones are poison events")
 	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
+	fs.DurationVar(&o.stallTimeout, "stall-timeout", 30*time.Second, "with --metrics-addr: /readyz answers 503 while events have waited this long for Kafka with none acknowledged")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
 	addPollFlags(fs, o)
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
@@ -143,6 +147,7 @@ func (o *options) kafkaConfig() (publisher.KafkaConfig, error) {
 	k.Version = v
 	k.Compression = o.compression
 	k.Linger = o.linger
+	k.DeliveryTimeout = o.deliveryTimeout
 	k.MaxMessageBytes = o.maxMessageBytes
 	if err := o.kafkaSec.validate(); err != nil {
 		return k, errors.Join(k.Validate(), err)

@@ -68,8 +68,11 @@ func runPoll(ctx context.Context, o *options, kcfg publisher.KafkaConfig, logger
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
 	deps := poll.Deps{
-		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) },
+		NewProducer: func() (publisher.Producer, error) {
+			return publisher.NewKafkaProducer(kcfg, logger.Named("kafka"), publisher.ProducerHooks{})
+		},
 	}
 	if cfg.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {

@@ -55,12 +55,15 @@ func cmdRun(ctx context.Context, args []string) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := publisher.NewMetrics(reg)
+	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
 
 	deps := publisher.Deps{
 		OpenSource: func(ctx context.Context) (publisher.Source, error) {
 			return replication.Open(ctx, o.streamConfig(), logger.Named("replication"))
 		},
-		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg) },
+		NewProducer: func() (publisher.Producer, error) {
+			return publisher.NewKafkaProducer(kcfg, logger.Named("kafka"), metrics.ProducerHooks())
+		},
 	}
 	if o.pub.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
@@ -81,7 +84,7 @@ func cmdRun(ctx context.Context, args []string) error {
 		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 	}
 	if o.metricsAddr != "" { // Metrics and health.
-		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot), logger); err != nil {
+		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot, o.stallTimeout), logger); err != nil {
 			return err
 		}
 		// The slot poller: lag bytes and retained WAL for the metrics.
@@ -118,7 +121,7 @@ func prepare(ctx context.Context, o *options, logger *zap.Logger) error {
 // 200 while streaming as the active instance or waiting as a healthy standby
 // (the body says which), 503 while starting, restarting after an error, or
 // stopped.
-func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string) *http.ServeMux {
+func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string, stallTimeout time.Duration) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -128,6 +131,12 @@ func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string
 		st := svc.State()
 		switch st {
 		case publisher.StateStreaming:
+			if d := svc.Stalled(); d > stallTimeout {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintf(w, "not ready: stalled: events have waited %s for Kafka with none acknowledged (--stall-timeout %s)\n",
+					d.Round(time.Second), stallTimeout)
+				return
+			}
 			fmt.Fprintf(w, "ready: active, streaming from slot %q\n", slotName)
 		case publisher.StateStandby:
 			fmt.Fprintf(w, "ready: standby, another process holds slot %q\n", slotName)

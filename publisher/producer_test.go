@@ -1,0 +1,428 @@
+package publisher
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zaptest"
+)
+
+// These tests run KafkaProducer against kfake, an in-process Kafka that
+// speaks the wire protocol and checks idempotent sequence numbers, and
+// inject faults into its produce path. The real-broker proofs are the
+// end-to-end tests in cmd/outboxd.
+
+// sentBatch is one partition's batch as a produce request carried it.
+type sentBatch struct {
+	topic     string
+	partition int32
+	pid       int64
+	epoch     int16
+	firstSeq  int32
+	values    []string
+}
+
+// produceLog records every batch the fake broker received, in order.
+type produceLog struct {
+	mu      sync.Mutex
+	batches []sentBatch
+}
+
+func (l *produceLog) observe(kreq kmsg.Request) {
+	req := kreq.(*kmsg.ProduceRequest)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, t := range req.Topics {
+		for _, p := range t.Partitions {
+			var rb kmsg.RecordBatch
+			if err := rb.ReadFrom(p.Records); err != nil {
+				panic(err)
+			}
+			l.batches = append(l.batches, sentBatch{
+				topic: t.Topic, partition: p.Partition, pid: rb.ProducerID, epoch: rb.ProducerEpoch,
+				firstSeq: rb.FirstSequence, values: recordValues(rb.Records, int(rb.NumRecords)),
+			})
+		}
+	}
+}
+
+func (l *produceLog) all() []sentBatch {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sentBatch(nil), l.batches...)
+}
+
+// recordValues reads the values of n uncompressed records.
+func recordValues(b []byte, n int) []string {
+	var out []string
+	for i := 0; i < n; i++ {
+		length, k := binary.Varint(b)
+		rec := b[k : k+int(length)]
+		b = b[k+int(length):]
+		rec = rec[1:]             // attributes
+		_, k = binary.Varint(rec) // timestamp delta
+		rec = rec[k:]
+		_, k = binary.Varint(rec) // offset delta
+		rec = rec[k:]
+		kl, k := binary.Varint(rec)
+		rec = rec[k:]
+		if kl > 0 {
+			rec = rec[kl:]
+		}
+		vl, k := binary.Varint(rec)
+		rec = rec[k:]
+		out = append(out, string(rec[:vl]))
+	}
+	return out
+}
+
+// failProduce answers a produce request with code for every partition.
+func failProduce(kreq kmsg.Request, code int16) kmsg.Response {
+	req := kreq.(*kmsg.ProduceRequest)
+	resp := req.ResponseKind().(*kmsg.ProduceResponse)
+	for _, t := range req.Topics {
+		rt := kmsg.NewProduceResponseTopic()
+		rt.Topic = t.Topic
+		for _, p := range t.Partitions {
+			rp := kmsg.NewProduceResponseTopicPartition()
+			rp.Partition = p.Partition
+			rp.ErrorCode = code
+			rp.BaseOffset = -1
+			rt.Partitions = append(rt.Partitions, rp)
+		}
+		resp.Topics = append(resp.Topics, rt)
+	}
+	return resp
+}
+
+type fakeKafka struct {
+	c   *kfake.Cluster
+	log *produceLog
+}
+
+func startFakeKafka(t *testing.T, partitions int32, topics ...string) *fakeKafka {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	f := &fakeKafka{c: c, log: &produceLog{}}
+	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		f.log.observe(kreq)
+		return nil, nil, false // observe only; kept
+	})
+	return f
+}
+
+func testKafkaConfig(brokers []string) KafkaConfig {
+	c := DefaultKafkaConfig()
+	c.Brokers = brokers
+	c.RetryBackoff = 2 * time.Millisecond
+	c.RetryBackoffMax = 10 * time.Millisecond
+	c.DeliveryTimeout = 5 * time.Second
+	c.RequestTimeout = 2 * time.Second
+	return c
+}
+
+func newTestProducer(t *testing.T, cfg KafkaConfig) *KafkaProducer {
+	t.Helper()
+	p, err := NewKafkaProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		p.Close()
+		for range p.Results() {
+		}
+	})
+	return p
+}
+
+// rec is a record whose value is its id, keyed so it lands in partition 0
+// of a 1-partition topic (or wherever key puts it).
+func rec(id int64, topic, key string) *Record {
+	r := &Record{Topic: topic, Key: []byte(key), Value: []byte(strconv.FormatInt(id, 10)), OutboxID: id,
+		Headers: []Header{{Key: HeaderOutboxID, Value: []byte(strconv.FormatInt(id, 10))}}}
+	r.size = int64(r.Size())
+	return r
+}
+
+func sendAll(t *testing.T, p *KafkaProducer, rs ...*Record) {
+	t.Helper()
+	for _, r := range rs {
+		if err := p.Send(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func results(t *testing.T, p *KafkaProducer, n int) []*Record {
+	t.Helper()
+	var out []*Record
+	timeout := time.After(10 * time.Second)
+	for len(out) < n {
+		select {
+		case r, ok := <-p.Results():
+			if !ok {
+				t.Fatalf("results closed after %d of %d", len(out), n)
+			}
+			out = append(out, r)
+		case <-timeout:
+			t.Fatalf("%d of %d results", len(out), n)
+		}
+	}
+	return out
+}
+
+// Rule 2: a retriable error resends the same batch — same producer id, epoch
+// and first sequence — and the partition's records come back acknowledged
+// in order at consecutive offsets, none appended twice.
+func TestKafkaProducerResendsTheSameBatchOnRetriableErrors(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	failures := 0
+	f.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		if failures == 3 {
+			return nil, nil, false
+		}
+		f.c.KeepControl()
+		failures++
+		codes := []int16{6, 19, 7} // NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS, REQUEST_TIMED_OUT
+		return failProduce(kreq, codes[failures-1]), nil, true
+	})
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	var rs []*Record
+	for i := int64(1); i <= 50; i++ {
+		rs = append(rs, rec(i, "t", "a"))
+	}
+	sendAll(t, p, rs...)
+	got := results(t, p, 50)
+	for i, r := range got {
+		if r.Err != nil {
+			t.Fatalf("record %d failed: %v", r.OutboxID, r.Err)
+		}
+		if r.OutboxID != int64(i+1) || r.Offset != int64(i) {
+			t.Fatalf("result %d: outbox id %d at offset %d, want id %d at offset %d", i, r.OutboxID, r.Offset, i+1, i)
+		}
+	}
+	bs := f.log.all()
+	if len(bs) < 4 {
+		t.Fatalf("%d batches sent, want ≥ 4 (3 failures and a success)", len(bs))
+	}
+	for i := 1; i <= 3; i++ {
+		a, b := bs[0], bs[i]
+		if a.pid != b.pid || a.epoch != b.epoch || a.firstSeq != b.firstSeq || fmt.Sprint(a.values) != fmt.Sprint(b.values) {
+			t.Fatalf("attempt %d sent %+v, want the first batch %+v unchanged", i+1, b, a)
+		}
+	}
+}
+
+// Rule 3: when a batch fails for good, the records behind it in its
+// partition fail without ever being sent, while other partitions carry on.
+func TestKafkaProducerFailedBatchStopsItsPartitionUnsent(t *testing.T) {
+	f := startFakeKafka(t, 2, "t")
+	keyP0, keyP1 := keyFor(t, 0, 2), keyFor(t, 1, 2)
+	// Partition 0 keeps failing with a retriable error until the delivery
+	// timeout; partition 1 is healthy.
+	f.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		f.c.KeepControl()
+		req := kreq.(*kmsg.ProduceRequest)
+		for _, tp := range req.Topics {
+			for _, pp := range tp.Partitions {
+				if pp.Partition == 0 {
+					return failProduce(kreq, 6), nil, true
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.DeliveryTimeout = 200 * time.Millisecond
+	p := newTestProducer(t, cfg)
+	first := rec(1, "t", keyP0)
+	sendAll(t, p, first)
+	// Wait until the first batch is out, so the next records queue behind it.
+	waitFor(t, func() bool { return len(f.log.all()) > 0 })
+	sendAll(t, p, rec(2, "t", keyP0), rec(3, "t", keyP1), rec(4, "t", keyP0))
+	got := map[int64]*Record{}
+	for _, r := range results(t, p, 4) {
+		got[r.OutboxID] = r
+	}
+	if err := got[1].Err; !errors.Is(err, ErrProduce) || !errors.Is(err, sarama.ErrNotLeaderForPartition) {
+		t.Fatalf("record 1: %v, want a produce error after the delivery timeout", err)
+	}
+	for _, id := range []int64{2, 4} {
+		if err := got[id].Err; !errors.Is(err, errPartitionStopped) {
+			t.Fatalf("record %d: %v, want not sent behind the failed record", id, err)
+		}
+	}
+	if got[3].Err != nil {
+		t.Fatalf("record 3 in the healthy partition failed: %v", got[3].Err)
+	}
+	for _, b := range f.log.all() {
+		for _, v := range b.values {
+			if b.partition == 0 && v != "1" {
+				t.Fatalf("record %s was sent to partition 0 behind a failing record", v)
+			}
+		}
+	}
+	// Records sent to the stopped partition later fail at once, unsent.
+	sendAll(t, p, rec(5, "t", keyP0))
+	if r := results(t, p, 1)[0]; !errors.Is(r.Err, errPartitionStopped) {
+		t.Fatalf("record 5: %v, want not sent", r.Err)
+	}
+}
+
+// Rule 4: without a dead-letter topic, a poison record stops its partition
+// (the pipeline halts on it); with one, it fails alone.
+func TestKafkaProducerPoisonRecord(t *testing.T) {
+	for _, cont := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContinueAfterPoison=%v", cont), func(t *testing.T) {
+			f := startFakeKafka(t, 1, "t")
+			cfg := testKafkaConfig(f.c.ListenAddrs())
+			cfg.MaxMessageBytes = 1000
+			cfg.ContinueAfterPoison = cont
+			p := newTestProducer(t, cfg)
+			big := rec(2, "t", "a")
+			big.Value = make([]byte, 2000)
+			sendAll(t, p, rec(1, "t", "a"), big, rec(3, "t", "a"))
+			got := results(t, p, 3)
+			sortByID(got)
+			if got[0].Err != nil {
+				t.Fatalf("record 1: %v", got[0].Err)
+			}
+			if !errors.Is(got[1].Err, ErrPoison) || got[1].OutboxID != 2 {
+				t.Fatalf("record %d: %v, want poison", got[1].OutboxID, got[1].Err)
+			}
+			if cont && got[2].Err != nil {
+				t.Fatalf("record 3 after diverted poison: %v", got[2].Err)
+			}
+			if !cont && !errors.Is(got[2].Err, errPartitionStopped) {
+				t.Fatalf("record 3 behind poison: %v, want not sent", got[2].Err)
+			}
+		})
+	}
+}
+
+// A batch the broker refuses as too large is split to find the culprit;
+// the others are acknowledged in order.
+func TestKafkaProducerSplitsABatchTheBrokerRefusesAsTooLarge(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	f.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		f.c.KeepControl()
+		req := kreq.(*kmsg.ProduceRequest)
+		for _, tp := range req.Topics {
+			for _, pp := range tp.Partitions {
+				var rb kmsg.RecordBatch
+				_ = rb.ReadFrom(pp.Records)
+				for _, v := range recordValues(rb.Records, int(rb.NumRecords)) {
+					if v == "3" {
+						return failProduce(kreq, 10), nil, true // MESSAGE_TOO_LARGE
+					}
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.ContinueAfterPoison = true
+	cfg.Linger = 50 * time.Millisecond // one batch of all five
+	p := newTestProducer(t, cfg)
+	for i := int64(1); i <= 5; i++ {
+		sendAll(t, p, rec(i, "t", "a"))
+	}
+	got := results(t, p, 5)
+	for i, r := range got {
+		if r.OutboxID != int64(i+1) {
+			t.Fatalf("result %d is outbox id %d: out of order", i, r.OutboxID)
+		}
+		if (r.OutboxID == 3) != errors.Is(r.Err, ErrPoison) || (r.OutboxID != 3 && r.Err != nil) {
+			t.Fatalf("record %d: %v", r.OutboxID, r.Err)
+		}
+	}
+}
+
+func TestKafkaProducerUnknownTopicIsPoison(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	sendAll(t, p, rec(1, "nope", "a"))
+	if r := results(t, p, 1)[0]; !errors.Is(r.Err, ErrPoison) || !errors.Is(r.Err, sarama.ErrUnknownTopicOrPartition) {
+		t.Fatalf("record to a missing topic: %v, want poison (unknown topic)", r.Err)
+	}
+}
+
+// Close fails what was not sent and closes Results once every record came
+// back: the session's drain never waits forever.
+func TestKafkaProducerCloseReturnsEveryRecord(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	// The broker never answers produce requests: a black hole.
+	f.c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		f.c.KeepControl()
+		return nil, nil, true
+	})
+	p, err := NewKafkaProducer(testKafkaConfig(f.c.ListenAddrs()), zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, p, rec(1, "t", "a"))
+	waitFor(t, func() bool { return len(f.log.all()) > 0 })
+	sendAll(t, p, rec(2, "t", "a"))
+	p.Close()
+	n := 0
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case r, ok := <-p.Results():
+			if !ok {
+				if n != 2 {
+					t.Fatalf("%d results before Results closed, want 2", n)
+				}
+				return
+			}
+			if r.Err == nil {
+				t.Fatalf("record %d acknowledged by a broker that never answered", r.OutboxID)
+			}
+			n++
+		case <-timeout:
+			t.Fatal("Results not closed after Close with a request in flight")
+		}
+	}
+}
+
+func sortByID(rs []*Record) {
+	slices.SortFunc(rs, func(a, b *Record) int { return cmp.Compare(a.OutboxID, b.OutboxID) })
+}
+
+// keyFor finds a key the Java partitioner puts in partition of n.
+func keyFor(t *testing.T, partition, n int32) string {
+	for i := 0; i < 1000; i++ {
+		k := "k" + strconv.Itoa(i)
+		if int32(murmur2([]byte(k))&0x7fffffff)%n == partition {
+			return k
+		}
+	}
+	t.Fatal("no key found")
+	return ""
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
