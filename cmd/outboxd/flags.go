@@ -36,6 +36,7 @@ type options struct {
 	stallTimeout    time.Duration
 	maxMessageBytes int
 	statusInterval  time.Duration
+	serverTimeout   time.Duration
 	noCreate        bool
 	metricsAddr     string
 	pub             publisher.Config
@@ -71,6 +72,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.deliveryTimeout, "kafka-delivery-timeout", k.DeliveryTimeout, "how long a batch may keep failing with retriable errors (broker down, no leader, not enough replicas) before the pipeline restarts; until then the same batch is sent again, in order and without duplicates")
 	fs.IntVar(&o.maxMessageBytes, "kafka-max-message-bytes", k.MaxMessageBytes, "largest record to produce; larger ones are poison events")
 	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
+	fs.DurationVar(&o.serverTimeout, "server-timeout", replication.DefaultStreamConfig().ServerTimeout, "restart the replication session when PostgreSQL sends nothing for this long, not even the keepalive asked for at half of it (half-open connection, stopped server)")
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", 30*time.Second, "with --metrics-addr: /readyz answers 503 while events have waited this long for Kafka with none acknowledged")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
@@ -166,6 +168,8 @@ func (o *options) streamConfig() replication.StreamConfig {
 		Slot:           o.slot.Slot,
 		Publication:    o.slot.Publication,
 		StatusInterval: o.statusInterval,
+		ServerTimeout:  o.serverTimeout,
+		ConnectTimeout: replication.DefaultStreamConfig().ConnectTimeout,
 		Decoder: replication.DecoderConfig{
 			Schema:  o.slot.Schema,
 			Table:   o.slot.Table,

@@ -31,7 +31,7 @@ func cmdRun(ctx context.Context, args []string) error {
 		return err
 	}
 	kcfg, kerr := o.kafkaConfig()
-	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate()); err != nil {
+	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate(), o.streamConfig().Validate()); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
 	logger, err := o.logger(os.Stderr)
