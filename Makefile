@@ -5,7 +5,7 @@ SHELL := /bin/bash
 GO    ?= go
 STACK := dev/stack
 
-.PHONY: all build deps up down test demo
+.PHONY: all build deps up down test demo unit lint
 
 all: build
 
@@ -26,17 +26,31 @@ up:
 down:
 	$(STACK) down
 
-## test: vet and run every test against a fresh dev stack. The stack is taken
+## unit: every test that needs no server (-short skips the rest), in
+## seconds, without root or a stack
+unit:
+	env -u CI $(GO) test -short -count=1 ./...
+
+## lint: go vet, staticcheck (pinned, run through the module proxy) and
+## shellcheck of the shell scripts
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+SHELL_SCRIPTS := dev/stack examples/demo.sh .ci/run
+lint:
+	$(STACK) lint-deps
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+	shellcheck $(SHELL_SCRIPTS)
+
+## test: lint, then run every test against a fresh dev stack. The stack is taken
 ## down on every exit path (the EXIT trap), and make still fails when vet or a
 ## test fails: bash exits with the failing command's status after the trap.
-test: deps
+test: deps lint
 	@set -euo pipefail; \
 	trap '$(STACK) down' EXIT; \
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
-	echo "go vet ./..."; $(GO) vet ./...; \
-	echo "go test -race -count=1 -timeout 20m ./..."; \
-	$(GO) test -race -count=1 -timeout 20m ./...
+	echo "go test -race -count=1 -timeout 25m ./..."; \
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 ## ---- The demo (README.md, "The demo"): examples/demo.sh does each step on
 ## the dev stack, in a database, slot, topics and group of its own.

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -32,6 +33,10 @@ import (
 var binPath string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() { // make unit: no server, no binary to build
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "outboxd-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"strconv"
@@ -26,6 +27,10 @@ import (
 var bins map[string]string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() { // make unit: no server, no binary to build
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "statusconsumer-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

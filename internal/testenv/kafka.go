@@ -19,6 +19,7 @@ type KafkaEnv struct {
 // Kafka returns the shared Kafka cluster, after checking that it answers.
 func Kafka(t testing.TB) *KafkaEnv {
 	t.Helper()
+	needServers(t)
 	var brokers []string
 	for _, b := range strings.Split(setting(kafkaBrokersVar), ",") {
 		if b = strings.TrimSpace(b); b != "" {

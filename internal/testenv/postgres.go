@@ -23,6 +23,7 @@ type PG struct {
 // any replication slots in that database).
 func Postgres(t testing.TB) *PG {
 	t.Helper()
+	needServers(t)
 	admin := setting(pgDSNVar)
 	if admin == "" {
 		unavailable(t, hintPG, "PostgreSQL is not configured: %s is unset and no %s was found", pgDSNVar, envFileName)

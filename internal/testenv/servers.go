@@ -173,6 +173,7 @@ func stack(args ...string) error {
 // its parents are private to the current user.
 func instanceDir(t testing.TB, prefix string) string {
 	t.Helper()
+	needServers(t)
 	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)

@@ -116,6 +116,15 @@ const (
 	hintPrivate = "run `make deps` (dev/stack needs PostgreSQL, Java and Maven)"
 )
 
+// needServers skips a test that needs real servers when -short is set
+// (make unit), whatever CI says: -short asks for the fast suite.
+func needServers(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("testenv: needs PostgreSQL/Kafka; skipped by -short (make unit)")
+	}
+}
+
 // unavailable skips the test, or fails it under CI=true, because a server it
 // needs is not configured, not reachable or cannot be started.
 func unavailable(t testing.TB, hint, format string, args ...any) {
