@@ -6,6 +6,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxd/outboxd/slot"
 )
 
 // Metrics are the pipeline's Prometheus metrics. They outlive pipeline
@@ -208,19 +210,12 @@ func (m *Metrics) ObserveSlot(p SlotPoll) {
 	m.SlotPolls.WithLabelValues("ok").Inc()
 	m.ServerWALLSN.Set(float64(p.ServerWAL))
 	confirmed := max(m.Confirmed(), p.SlotConfirmed)
-	m.LagBytes.Set(float64(walDistance(p.ServerWAL, confirmed)))
-	m.SlotRetainedWALBytes.Set(float64(walDistance(p.ServerWAL, p.RestartLSN)))
+	m.LagBytes.Set(float64(slot.WALDistance(p.ServerWAL, confirmed)))
+	m.SlotRetainedWALBytes.Set(float64(slot.WALDistance(p.ServerWAL, p.RestartLSN)))
 }
 
 // SlotPollFailed counts a failed poll; the slot metrics keep their last values.
 func (m *Metrics) SlotPollFailed() { m.SlotPolls.WithLabelValues("error").Inc() }
-
-func walDistance(to, from pglogrepl.LSN) uint64 {
-	if from == 0 || from >= to {
-		return 0
-	}
-	return uint64(to - from)
-}
 
 func (m *Metrics) observeLatency(commit time.Time) {
 	m.CommitToAck.Observe(time.Since(commit).Seconds())

@@ -3,14 +3,17 @@ package replication
 import (
 	"errors"
 	"fmt"
+
+	"github.com/outboxd/outboxd/slot"
 )
 
 var (
 	// ErrSlotInUse means another process streams from the slot. The slot is
 	// outboxd's singleton lock: the caller waits as a standby.
 	ErrSlotInUse = errors.New("replication slot in use")
-	// ErrSlotMissing means the slot does not exist.
-	ErrSlotMissing = errors.New("replication slot missing")
+	// ErrSlotMissing means the slot does not exist. It is slot.ErrSlotMissing:
+	// one sentinel, whichever package noticed.
+	ErrSlotMissing = slot.ErrSlotMissing
 	// ErrStreamEnded means the server ended the replication stream.
 	ErrStreamEnded = errors.New("replication stream ended")
 )

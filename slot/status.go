@@ -94,8 +94,8 @@ WHERE slot_name = $1`, cfg.Slot).Scan(
 	if st.CurrentWALLSN, err = parseLSN(current); err != nil {
 		return Status{}, err
 	}
-	st.RetainedWALBytes = walDistance(st.CurrentWALLSN, st.RestartLSN)
-	st.LagBytes = walDistance(st.CurrentWALLSN, st.ConfirmedFlushLSN)
+	st.RetainedWALBytes = WALDistance(st.CurrentWALLSN, st.RestartLSN)
+	st.LagBytes = WALDistance(st.CurrentWALLSN, st.ConfirmedFlushLSN)
 
 	var exists bool
 	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)`,
@@ -118,9 +118,9 @@ FROM pg_catalog.pg_publication_tables WHERE pubname = $1 ORDER BY 1`, cfg.Public
 	return st, nil
 }
 
-// walDistance is to - from in bytes, or 0 when either is unknown or from is
+// WALDistance is to - from in bytes, or 0 when either is unknown or from is
 // ahead (a client may confirm a position the server has not yet flushed).
-func walDistance(to, from pglogrepl.LSN) int64 {
+func WALDistance(to, from pglogrepl.LSN) int64 {
 	if to == 0 || from == 0 || from > to {
 		return 0
 	}
