@@ -34,28 +34,15 @@ type Deps struct {
 	NewHook func(ctx context.Context) (publisher.Hook, error)
 }
 
-// State is what the poller is doing, for health checks.
-type State int32
-
-const (
-	StateStarting State = iota
-	StatePolling
-	StateRestarting
-	StateStopped
-)
-
-func (s State) String() string {
-	return [...]string{"starting", "polling", "restarting", "stopped"}[s]
-}
-
-// Poller publishes outbox rows by polling. A Poller runs once.
+// Poller publishes outbox rows by polling, as a source under a
+// publisher.Supervisor. A Poller runs once.
 type Poller struct {
 	cfg   Config
 	pgcfg *pgx.ConnConfig
 	log   *zap.Logger
 	m     *Metrics
 	deps  Deps
-	state atomic.Int32
+	sup   *publisher.Supervisor
 }
 
 // New builds a poller. m may be nil.
@@ -79,11 +66,20 @@ func New(cfg Config, log *zap.Logger, m *Metrics, deps Deps) (*Poller, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Poller{cfg: cfg, pgcfg: pgcfg, log: log, m: m, deps: deps}, nil
+	p := &Poller{cfg: cfg, pgcfg: pgcfg, log: log, m: m, deps: deps}
+	p.sup = publisher.NewSupervisor(publisher.SupervisorConfig{
+		RestartBackoffMin:   cfg.RestartBackoffMin,
+		RestartBackoffMax:   cfg.RestartBackoffMax,
+		StandbyPollInterval: time.Second, // a poller is never a standby
+		ShutdownTimeout:     cfg.ShutdownTimeout,
+		Fatal:               isFatal,
+		Cause:               restartCause,
+	}, log, m.Metrics)
+	return p, nil
 }
 
-// State reports what the poller is doing.
-func (p *Poller) State() State { return State(p.state.Load()) }
+// State reports what the poller is doing (streaming: polling).
+func (p *Poller) State() publisher.State { return p.sup.State() }
 
 // Run polls until ctx is cancelled, then lets the batches in flight finish
 // (at most Config.ShutdownTimeout) and returns nil. After a Kafka or
@@ -92,35 +88,16 @@ func (p *Poller) State() State { return State(p.state.Load()) }
 // what a restart cannot fix: a poison row without a dead-letter producer
 // (wrapping publisher.ErrPoison), a table it cannot poll (ErrSchema) or a
 // row it cannot read (ErrBadRow).
-func (p *Poller) Run(ctx context.Context) error {
-	defer p.state.Store(int32(StateStopped))
-	backoff := publisher.NewBackoff(p.cfg.RestartBackoffMin, p.cfg.RestartBackoffMax)
-	for {
-		started := time.Now()
-		err := p.session(ctx)
-		if ctx.Err() != nil {
-			p.log.Info("stopped")
-			return nil
-		}
-		if isFatal(err) {
-			p.log.Error("halting", zap.Error(err))
-			return err
-		}
-		cause := "postgres"
-		switch {
-		case errors.Is(err, publisher.ErrProduce), errors.Is(err, errProducerOpen):
-			cause = "kafka"
-		case errors.Is(err, publisher.ErrHook), errors.Is(err, errHookOpen):
-			cause = "hook"
-		}
-		p.m.Restarts.WithLabelValues(cause).Inc()
-		wait := backoff.Next(time.Since(started))
-		p.state.Store(int32(StateRestarting))
-		p.log.Warn("restarting: unacknowledged rows stay unpublished and are polled again",
-			zap.String("cause", cause), zap.Duration("backoff", wait), zap.Error(err))
-		if !publisher.Sleep(ctx, wait) {
-			return nil
-		}
+func (p *Poller) Run(ctx context.Context) error { return p.sup.Run(ctx, p.session) }
+
+func restartCause(err error) string {
+	switch {
+	case errors.Is(err, publisher.ErrProduce), errors.Is(err, errProducerOpen):
+		return "kafka"
+	case errors.Is(err, publisher.ErrHook), errors.Is(err, errHookOpen):
+		return "hook"
+	default:
+		return "postgres"
 	}
 }
 
@@ -133,8 +110,12 @@ var (
 	errHookOpen     = errors.New("open post-publish hook")
 )
 
-// session is one set of connections and one producer, until an error or ctx.
-func (p *Poller) session(ctx context.Context) error {
+// session is one set of connections and one producer, until an error or
+// ctx; hardCtx (the supervisor's shutdown watchdog) rolls back the batches
+// in flight.
+func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err error) {
+	var published atomic.Bool
+	defer func() { progressed = published.Load() }()
 	conns := make([]*pgx.Conn, 0, p.cfg.Workers)
 	defer func() {
 		for _, c := range conns {
@@ -146,13 +127,13 @@ func (p *Poller) session(ctx context.Context) error {
 	for range p.cfg.Workers {
 		c, err := pgx.ConnectConfig(ctx, p.pgcfg.Copy())
 		if err != nil {
-			return fmt.Errorf("poll: connect to PostgreSQL: %w", err)
+			return false, fmt.Errorf("poll: connect to PostgreSQL: %w", err)
 		}
 		conns = append(conns, c)
 	}
 	tbl, err := inspect(ctx, conns[0], p.cfg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !tbl.hasIndex {
 		p.log.Warn("no partial index on unpublished rows: every poll scans the outbox; run \"outboxd migrate\" (migrations/004)",
@@ -161,7 +142,7 @@ func (p *Poller) session(ctx context.Context) error {
 
 	prod, err := p.deps.NewProducer()
 	if err != nil {
-		return fmt.Errorf("%w: %w", errProducerOpen, err)
+		return false, fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
 	var dlq publisher.DeadLetterer
 	if p.deps.NewDeadLetterer != nil {
@@ -169,7 +150,7 @@ func (p *Poller) session(ctx context.Context) error {
 			prod.Close()
 			for range prod.Results() {
 			}
-			return fmt.Errorf("%w: %w", errProducerOpen, err)
+			return false, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
 		if c, ok := dlq.(io.Closer); ok {
 			defer c.Close()
@@ -184,7 +165,7 @@ func (p *Poller) session(ctx context.Context) error {
 				prod.Close()
 				for range prod.Results() {
 				}
-				return fmt.Errorf("%w: %w", errHookOpen, err)
+				return false, fmt.Errorf("%w: %w", errHookOpen, err)
 			}
 			if c, ok := h.(io.Closer); ok {
 				defer c.Close()
@@ -192,27 +173,12 @@ func (p *Poller) session(ctx context.Context) error {
 			hooks[i] = h
 		}
 	}
-	// readCtx stops new polls; hardCtx abandons the batches in flight.
+	// readCtx stops new polls (a stop, or a worker failed); hardCtx
+	// abandons the batches in flight.
 	readCtx, cancelRead := context.WithCancel(ctx)
 	defer cancelRead()
-	hardCtx, cancelHard := context.WithCancel(context.Background())
+	hardCtx, cancelHard := context.WithCancel(hardCtx)
 	defer cancelHard()
-	finished := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			p.log.Info("shutting down: finishing the batches in flight", zap.Duration("timeout", p.cfg.ShutdownTimeout))
-			t := time.NewTimer(p.cfg.ShutdownTimeout)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				p.log.Warn("shutdown timeout: batches in flight roll back and will be sent again")
-				cancelHard()
-			case <-finished:
-			}
-		case <-finished:
-		}
-	}()
 
 	rt := &router{waiting: make(map[*publisher.Record]chan *publisher.Record)}
 	routed := make(chan struct{})
@@ -221,7 +187,7 @@ func (p *Poller) session(ctx context.Context) error {
 		rt.run(prod.Results())
 	}()
 
-	p.state.Store(int32(StatePolling))
+	p.sup.Running()
 	p.log.Info("polling", zap.String("table", tbl.plain), zap.Strings("columns", tbl.columns),
 		zap.Duration("interval", p.cfg.Interval), zap.Int("batch_size", p.cfg.BatchSize), zap.Int("workers", p.cfg.Workers))
 
@@ -232,7 +198,7 @@ func (p *Poller) session(ctx context.Context) error {
 	)
 	for i, c := range conns {
 		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, hook: hooks[i], rt: rt,
-			acks: make(chan *publisher.Record, p.cfg.BatchSize)}
+			acks: make(chan *publisher.Record, p.cfg.BatchSize), published: &published}
 		// Stagger the workers across the interval.
 		first := time.Duration(i) * p.cfg.Interval / time.Duration(len(conns))
 		wg.Add(1)
@@ -248,10 +214,9 @@ func (p *Poller) session(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
-	close(finished)
 	prod.Close()
 	<-routed // every record the producer had is back (and dropped)
-	return firstErr
+	return false, firstErr
 }
 
 // router hands each result to the worker that sent the record.
@@ -296,6 +261,8 @@ type worker struct {
 	hook publisher.Hook // nil: none
 	rt   *router
 	acks chan *publisher.Record
+	// published is set once a batch of the session was published.
+	published *atomic.Bool
 
 	events []replication.Event
 	ids    []int64
@@ -313,6 +280,9 @@ func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) erro
 				return nil // shutdown timeout: rolled back, not an error
 			}
 			return err
+		}
+		if n > 0 {
+			w.published.Store(true)
 		}
 		if n == w.p.cfg.BatchSize {
 			continue // a backlog: poll again at once

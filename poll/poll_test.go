@@ -98,7 +98,9 @@ func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (publisher.Producer
 	t.Helper()
 	kc := publisher.DefaultKafkaConfig()
 	kc.Brokers = k.Brokers
-	return func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kc, nil, publisher.ProducerHooks{}) }
+	return func() (publisher.Producer, error) {
+		return publisher.NewKafkaProducer(kc, nil, publisher.ProducerHooks{})
+	}
 }
 
 func fakeFactory(p *fakeProducer) func() (publisher.Producer, error) {

@@ -2,18 +2,45 @@ package publisher
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 )
 
+// Exponential is the one backoff formula of outboxd: min·2^(attempt-1),
+// capped at max (attempt counts from 1).
+func Exponential(min, max time.Duration, attempt int) time.Duration {
+	d := min
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	return minDuration(d, max)
+}
+
+func minDuration(a, b time.Duration) time.Duration {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+// Jitter takes up to 20 % off d at random, so retries of many partitions
+// (or clients) do not fall into step.
+func Jitter(d time.Duration) time.Duration {
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+}
+
 // Backoff is the capped exponential backoff between restarts of a
-// supervised session (the CDC Service, the poller).
+// supervised session (see Supervisor). It has no jitter: outboxd is a
+// singleton, with nobody to fall into step with, and an exact sequence
+// keeps restart logs readable.
 type Backoff struct {
-	min, max, next time.Duration
+	min, max time.Duration
+	attempt  int
 }
 
 // NewBackoff starts at min and doubles up to max.
 func NewBackoff(min, max time.Duration) *Backoff {
-	return &Backoff{min: min, max: max, next: min}
+	return &Backoff{min: min, max: max}
 }
 
 // Next returns the wait before restarting a session that ran for ran. A
@@ -21,15 +48,14 @@ func NewBackoff(min, max time.Duration) *Backoff {
 // over from min.
 func (b *Backoff) Next(ran time.Duration) time.Duration {
 	if ran > 2*b.max {
-		b.next = b.min
+		b.attempt = 0
 	}
-	d := b.next
-	b.next = min(2*b.next, b.max)
-	return d
+	b.attempt++
+	return Exponential(b.min, b.max, b.attempt)
 }
 
 // Reset starts the backoff over from min.
-func (b *Backoff) Reset() { b.next = b.min }
+func (b *Backoff) Reset() { b.attempt = 0 }
 
 // Sleep waits d, or until ctx is done; it reports whether ctx is still live.
 func Sleep(ctx context.Context, d time.Duration) bool {

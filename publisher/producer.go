@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -558,21 +557,9 @@ func (p *KafkaProducer) handleMeta(m topicMeta) {
 	}
 }
 
-// retryBackoff grows from RetryBackoff to RetryBackoffMax with jitter.
+// retryBackoff grows from RetryBackoff to RetryBackoffMax, with jitter.
 func (p *KafkaProducer) retryBackoff(attempt int) time.Duration {
-	return jitterBackoff(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt)
-}
-
-// jitterBackoff is min·2^(attempt-1), capped at max, minus up to 20 %.
-func jitterBackoff(min, max time.Duration, attempt int) time.Duration {
-	d := min
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+	return Jitter(Exponential(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt))
 }
 
 // schedule sends one request to every idle broker that leads a partition

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -41,35 +40,19 @@ type Deps struct {
 	NewHook func(ctx context.Context) (Hook, error)
 }
 
-// State is what the service is doing, for health checks.
-type State int32
-
-const (
-	StateStarting State = iota
-	StateStreaming
-	StateStandby
-	StateRestarting
-	StateStopped
-)
-
-func (s State) String() string {
-	return [...]string{"starting", "streaming", "standby", "restarting", "stopped"}[s]
-}
-
-// Service runs pipelines one after another: it restarts after failures with
-// capped exponential backoff, waits as a standby while another process holds
-// the slot, and halts on a poison event or a broken outbox table.
+// Service is the CDC source under a Supervisor: each session opens the
+// slot, the producer and a pipeline; the supervisor restarts failed sessions
+// with backoff, waits as a standby while another process holds the slot, and
+// halts on a poison event or a broken outbox table.
 type Service struct {
-	cfg   Config
-	log   *zap.Logger
-	m     *Metrics
-	deps  Deps
-	state atomic.Int32
+	cfg  Config
+	log  *zap.Logger
+	m    *Metrics
+	deps Deps
+	sup  *Supervisor
 	// lastPID is the server process of the previous session's replication
-	// connection, and progressed whether that session's pipeline delivered
-	// anything (Run's goroutine only).
-	lastPID    int
-	progressed bool
+	// connection (the supervisor's goroutine only).
+	lastPID int
 }
 
 // NewService builds a service. m may be nil.
@@ -77,7 +60,16 @@ func NewService(cfg Config, log *zap.Logger, m *Metrics, deps Deps) *Service {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	return &Service{cfg: cfg, log: log, m: m, deps: deps}
+	s := &Service{cfg: cfg, log: log, m: m, deps: deps}
+	s.sup = NewSupervisor(SupervisorConfig{
+		RestartBackoffMin:   cfg.RestartBackoffMin,
+		RestartBackoffMax:   cfg.RestartBackoffMax,
+		StandbyPollInterval: cfg.StandbyPollInterval,
+		ShutdownTimeout:     cfg.ShutdownTimeout,
+		Fatal:               isFatal,
+		Cause:               restartCause,
+	}, log, m)
+	return s
 }
 
 // Stalled is how long the current session has had events waiting for Kafka
@@ -85,70 +77,12 @@ func NewService(cfg Config, log *zap.Logger, m *Metrics, deps Deps) *Service {
 func (s *Service) Stalled() time.Duration { return s.m.Stalled(time.Now()) }
 
 // State reports what the service is doing.
-func (s *Service) State() State { return State(s.state.Load()) }
-
-func (s *Service) setState(st State) {
-	s.state.Store(int32(st))
-	if st == StateStandby {
-		s.m.Standby.Set(1)
-	} else {
-		s.m.Standby.Set(0)
-	}
-}
+func (s *Service) State() State { return s.sup.State() }
 
 // Run runs until ctx is cancelled (then returns nil after a graceful drain)
 // or a fatal error: a poison event without a dead-letter topic, a missing
 // slot, or an outbox table the decoder cannot read.
-func (s *Service) Run(ctx context.Context) error {
-	defer s.setState(StateStopped)
-	backoff := NewBackoff(s.cfg.RestartBackoffMin, s.cfg.RestartBackoffMax)
-	standbyPID := -1
-	for {
-		started := time.Now()
-		err := s.session(ctx, &standbyPID)
-		if ctx.Err() != nil {
-			s.log.Info("stopped")
-			return nil
-		}
-		var inUse *replication.SlotInUseError
-		switch {
-		case errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID:
-			// Our own previous walsender has not exited yet: not a standby.
-			if !Sleep(ctx, s.cfg.RestartBackoffMin) {
-				return nil
-			}
-			continue
-		case errors.As(err, &inUse):
-			if inUse.PID != standbyPID {
-				s.log.Info("standby: another process holds the slot; waiting to take over",
-					zap.String("slot", inUse.Slot), zap.Int("active_pid", inUse.PID))
-				standbyPID = inUse.PID
-			}
-			s.setState(StateStandby)
-			if !Sleep(ctx, s.cfg.StandbyPollInterval) {
-				return nil
-			}
-			continue
-		case isFatal(err):
-			s.log.Error("halting", zap.Error(err))
-			return err
-		}
-		cause := restartCause(err)
-		s.m.Restarts.WithLabelValues(cause).Inc()
-		if s.progressed {
-			// The session delivered events: this failure is a new one, not
-			// the same outage again, so it does not inherit the backoff.
-			backoff.Reset()
-		}
-		wait := backoff.Next(time.Since(started))
-		s.setState(StateRestarting)
-		s.log.Warn("restarting pipeline from the last confirmed position",
-			zap.String("cause", cause), zap.Duration("backoff", wait), zap.Error(err))
-		if !Sleep(ctx, wait) {
-			return nil
-		}
-	}
-}
+func (s *Service) Run(ctx context.Context) error { return s.sup.Run(ctx, s.session) }
 
 func isFatal(err error) bool {
 	return errors.Is(err, ErrPoison) ||
@@ -177,34 +111,35 @@ var (
 )
 
 // session is one pipeline run: open the slot, open the producer, stream.
-func (s *Service) session(ctx context.Context, standbyPID *int) error {
-	s.progressed = false
+func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err error) {
 	src, err := s.deps.OpenSource(ctx)
 	if err != nil {
-		if errors.Is(err, replication.ErrSlotInUse) || isFatal(err) {
-			return err
+		var inUse *replication.SlotInUseError
+		if errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID {
+			// Our own previous walsender has not exited yet: not a standby.
+			s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
+			return false, fmt.Errorf("%w: %w", errRetrySoon, err)
 		}
-		return fmt.Errorf("%w: %w", errSourceOpen, err)
+		if errors.Is(err, replication.ErrSlotInUse) || isFatal(err) {
+			return false, err
+		}
+		return false, fmt.Errorf("%w: %w", errSourceOpen, err)
 	}
 	defer src.Close()
 	if p, ok := src.(interface{ BackendPID() int }); ok {
 		s.lastPID = p.BackendPID()
 	}
-	if *standbyPID >= 0 {
-		s.log.Info("taking over: the slot is free", zap.Int("previous_pid", *standbyPID))
-		*standbyPID = -1
-	}
 
 	prod, err := s.deps.NewProducer()
 	if err != nil {
-		return fmt.Errorf("%w: %w", errProducerOpen, err)
+		return progressed, fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
 	var dlq DeadLetterer
 	if s.deps.NewDeadLetterer != nil {
 		if dlq, err = s.deps.NewDeadLetterer(); err != nil {
 			prod.Close()
 			drainResults(prod)
-			return fmt.Errorf("%w: %w", errProducerOpen, err)
+			return progressed, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
 		if c, ok := dlq.(io.Closer); ok {
 			defer c.Close()
@@ -216,7 +151,7 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 		if hook, err = s.deps.NewHook(ctx); err != nil {
 			prod.Close()
 			drainResults(prod)
-			return fmt.Errorf("%w: %w", ErrHook, err)
+			return progressed, fmt.Errorf("%w: %w", ErrHook, err)
 		}
 		if c, ok := hook.(io.Closer); ok {
 			defer c.Close()
@@ -226,59 +161,38 @@ func (s *Service) session(ctx context.Context, standbyPID *int) error {
 	pl := NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
 	s.m.ConfirmedLSN.Set(float64(src.StartLSN()))
 
-	// Two contexts: cancelling readCtx stops reading from the slot;
-	// cancelling hardCtx abandons the wait for in-flight acknowledgements.
+	// Cancelling readCtx stops reading from the slot (a stop, or a failed
+	// pipeline); hardCtx, cancelled by the supervisor's shutdown watchdog,
+	// abandons the wait for in-flight acknowledgements.
 	readCtx, cancelRead := context.WithCancel(ctx)
 	defer cancelRead()
-	hardCtx, cancelHard := context.WithCancel(context.Background())
-	defer cancelHard()
-	finished := make(chan struct{})
-	defer close(finished)
-	go func() {
-		select {
-		case <-ctx.Done():
-			s.log.Info("shutting down: waiting for in-flight acknowledgements",
-				zap.Duration("timeout", s.cfg.ShutdownTimeout))
-			t := time.NewTimer(s.cfg.ShutdownTimeout)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				s.log.Warn("shutdown timeout: unacknowledged events will be sent again after restart")
-				cancelHard()
-			case <-finished:
-			}
-		case <-finished:
-		}
-	}()
 
 	out := make(chan replication.Message, 1024)
 	streamErr := make(chan error, 1)
 	go func() { streamErr <- src.Run(readCtx, out, pl) }()
-	s.setState(StateStreaming)
+	s.sup.Running()
 
 	plErr := pl.Run(hardCtx, out)
-	s.progressed = pl.Progressed()
+	progressed = pl.Progressed()
 	if plErr != nil {
 		cancelRead() // stop reading; the stream still confirms what was acked
 		if ctx.Err() == nil {
-			// Not ready from now on: closing a producer whose broker is gone
-			// can take its whole retry budget.
-			s.setState(StateRestarting)
+			s.sup.NotRunning()
 		}
 	}
 	prod.Close()
 	drainResults(prod)
 	sErr := <-streamErr
 	if plErr != nil && !errors.Is(plErr, context.Canceled) {
-		return plErr
+		return progressed, plErr
 	}
 	if sErr != nil {
 		if isFatal(sErr) {
-			return sErr
+			return progressed, sErr
 		}
-		return fmt.Errorf("%w: %w", errSource, sErr)
+		return progressed, fmt.Errorf("%w: %w", errSource, sErr)
 	}
-	return plErr
+	return progressed, plErr
 }
 
 // drainResults waits for a closed producer to hand back what it had in

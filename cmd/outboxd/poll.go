@@ -108,11 +108,12 @@ func pollHealthMux(reg *prometheus.Registry, p *poll.Poller) *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		st := p.State()
-		if st != poll.StatePolling {
+		if st := p.State(); st != publisher.StateStreaming {
 			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintf(w, "not ready: %s\n", st)
+			return
 		}
-		fmt.Fprintln(w, st)
+		fmt.Fprintln(w, "ready: polling")
 	})
 	return mux
 }
