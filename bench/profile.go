@@ -15,6 +15,7 @@ import (
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
@@ -67,9 +68,9 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		return replication.StreamConfig{ConnString: db.DSN, Slot: slotName, Publication: pub, StatusInterval: time.Second,
 			Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}
 	}
-	kcfg := publisher.DefaultKafkaConfig()
+	kcfg := kafka.DefaultConfig()
 	kcfg.Brokers = st.Brokers
-	newProducer := func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg, nil, publisher.ProducerHooks{}) }
+	newProducer := func() (publisher.Producer, error) { return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{}) }
 
 	// profiled runs start under the profiler and returns once done says so.
 	profiled := func(name string, start func(ctx context.Context) <-chan error, done func() bool) error {
@@ -239,7 +240,7 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
 		return err
 	}
-	kcfg := publisher.DefaultKafkaConfig()
+	kcfg := kafka.DefaultConfig()
 	kcfg.Brokers = st.Brokers
 	pcfg := publisher.DefaultConfig()
 	pcfg.ShutdownTimeout = 10 * time.Second
@@ -248,7 +249,7 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 			return replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
 				StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
 		},
-		NewProducer: func() (publisher.Producer, error) { return publisher.NewKafkaProducer(kcfg, nil, publisher.ProducerHooks{}) },
+		NewProducer: func() (publisher.Producer, error) { return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{}) },
 	})
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

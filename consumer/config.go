@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/kafka"
 )
 
 // Config configures a [Consumer]. Start from [DefaultConfig].
@@ -47,9 +50,13 @@ type Config struct {
 	// DedupTable is the deduplication table, optionally schema-qualified.
 	DedupTable string
 
+	// Security: TLS and SASL, the same settings (and, with AddFlags, the
+	// same flags) as outboxd's.
+	Security kafka.Security
+
 	// Sarama, when set, is called with the sarama configuration before the
-	// clients are made, for settings this Config does not cover (TLS, SASL).
-	// It must not turn auto-commit on.
+	// clients are made, for settings this Config does not cover. It must
+	// not turn auto-commit on.
 	Sarama func(*sarama.Config)
 
 	// OnDone, when set, is called once for every message that is done, after
@@ -113,6 +120,9 @@ func (c Config) Validate() error {
 	if _, err := tableIdent(c.DedupTable); err != nil {
 		errs = append(errs, err)
 	}
+	if err := c.Security.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("consumer: invalid config: %w", err)
 	}
@@ -130,17 +140,13 @@ func (c Config) deadLetterTopic(topic string) string {
 // backoff is the wait after the n-th failure (n ≥ 1): BackoffBase·2^(n-1),
 // at most BackoffMax.
 func (c Config) backoff(n int) time.Duration {
-	d := c.BackoffBase
-	for i := 1; i < n && d < c.BackoffMax; i++ {
-		d *= 2
-	}
-	return min(d, c.BackoffMax)
+	return backoff.Exponential(c.BackoffBase, c.BackoffMax, n)
 }
 
 // saramaConfig is the configuration of the group and the dead-letter
 // producer: manual commits, oldest offset for a new group, errors returned,
 // dead-letter records acknowledged by all in-sync replicas.
-func (c Config) saramaConfig() *sarama.Config {
+func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc := sarama.NewConfig()
 	sc.Version = c.KafkaVersion
 	sc.ClientID = c.ClientID
@@ -152,8 +158,11 @@ func (c Config) saramaConfig() *sarama.Config {
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
+	if err := c.Security.Apply(sc); err != nil {
+		return nil, err
+	}
 	if c.Sarama != nil {
 		c.Sarama(sc)
 	}
-	return sc
+	return sc, nil
 }

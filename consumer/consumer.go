@@ -62,7 +62,10 @@ func New(cfg Config, db DB, h Handler, logger *zap.Logger) (*Consumer, error) {
 // rebalance) are logged and Run rejoins with backoff. Run may be called again
 // after it returned.
 func (c *Consumer) Run(ctx context.Context) error {
-	sc := c.cfg.saramaConfig()
+	sc, err := c.cfg.saramaConfig()
+	if err != nil {
+		return fmt.Errorf("consumer: %w", err)
+	}
 	if sc.Consumer.Offsets.AutoCommit.Enable {
 		return errors.New("consumer: Config.Sarama turned auto-commit on; offsets must be committed only after a message is done")
 	}

@@ -4,17 +4,21 @@ import (
 	"strconv"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/kafka"
 )
 
-// Headers added to a dead-letter record, after the original ones.
+// Headers added to a dead-letter record, after the original ones: the
+// project's one dead-letter vocabulary (package kafka), shared with
+// outboxd's publisher.
 const (
-	HeaderError           = "dlq-error"            // the error text
-	HeaderErrorClass      = "dlq-error-class"      // ClassDomain or ClassTransient
-	HeaderSourceTopic     = "dlq-source-topic"     // where the message was read
-	HeaderSourcePartition = "dlq-source-partition" // decimal
-	HeaderSourceOffset    = "dlq-source-offset"    // decimal
-	HeaderAttempts        = "dlq-attempts"         // handler attempts, decimal
-	HeaderConsumerGroup   = "dlq-consumer-group"   // the group that gave up
+	HeaderError           = kafka.HeaderDLQError           // the error text
+	HeaderErrorClass      = kafka.HeaderDLQErrorClass      // ClassDomain or ClassTransient
+	HeaderSourceTopic     = kafka.HeaderDLQSourceTopic     // where the message was read
+	HeaderSourcePartition = kafka.HeaderDLQSourcePartition // decimal
+	HeaderSourceOffset    = kafka.HeaderDLQSourceOffset    // decimal
+	HeaderAttempts        = kafka.HeaderDLQAttempts        // handler attempts, decimal
+	HeaderConsumerGroup   = kafka.HeaderDLQConsumerGroup   // the group that gave up
 )
 
 // maxErrorHeader bounds the error text in a dead-letter record.

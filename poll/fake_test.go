@@ -5,26 +5,26 @@ import (
 	"sync"
 	"time"
 
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/kafka"
 )
 
 // fakeProducer acknowledges after delay, or fails records as fail decides.
 type fakeProducer struct {
 	delay   time.Duration
-	fail    func(r *publisher.Record) error // nil: acknowledge
-	results chan *publisher.Record
+	fail    func(r *kafka.Record) error // nil: acknowledge
+	results chan *kafka.Record
 	wg      sync.WaitGroup
 	once    sync.Once
 
 	mu   sync.Mutex
-	sent []*publisher.Record
+	sent []*kafka.Record
 }
 
-func newFakeProducer(delay time.Duration, fail func(*publisher.Record) error) *fakeProducer {
-	return &fakeProducer{delay: delay, fail: fail, results: make(chan *publisher.Record, 100000)}
+func newFakeProducer(delay time.Duration, fail func(*kafka.Record) error) *fakeProducer {
+	return &fakeProducer{delay: delay, fail: fail, results: make(chan *kafka.Record, 100000)}
 }
 
-func (f *fakeProducer) Send(ctx context.Context, r *publisher.Record) error {
+func (f *fakeProducer) Send(ctx context.Context, r *kafka.Record) error {
 	f.mu.Lock()
 	f.sent = append(f.sent, r)
 	f.mu.Unlock()
@@ -35,12 +35,16 @@ func (f *fakeProducer) Send(ctx context.Context, r *publisher.Record) error {
 		if f.fail != nil {
 			r.Err = f.fail(r)
 		}
+		if r.Done != nil {
+			r.Done <- r
+			return
+		}
 		f.results <- r
 	}()
 	return nil
 }
 
-func (f *fakeProducer) Results() <-chan *publisher.Record { return f.results }
+func (f *fakeProducer) Results() <-chan *kafka.Record { return f.results }
 
 func (f *fakeProducer) Close() error {
 	f.once.Do(func() {
@@ -68,7 +72,7 @@ type fakeDLQ struct {
 	got []int64
 }
 
-func (d *fakeDLQ) DeadLetter(_ context.Context, r *publisher.Record, _ error) error {
+func (d *fakeDLQ) DeadLetter(_ context.Context, r *kafka.Record, _ error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.got = append(d.got, r.OutboxID)

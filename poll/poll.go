@@ -4,17 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+	"go.uber.org/zap"
 	"io"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
-	"go.uber.org/zap"
-
-	"github.com/outboxd/outboxd/publisher"
-	"github.com/outboxd/outboxd/replication"
 )
 
 // Deps are the factories a Poller calls at every (re)start.
@@ -86,13 +86,13 @@ func (p *Poller) State() publisher.State { return p.sup.State() }
 // PostgreSQL failure it rolls back, waits (capped exponential backoff) and
 // starts a new session with a new producer. It returns an error only for
 // what a restart cannot fix: a poison row without a dead-letter producer
-// (wrapping publisher.ErrPoison), a table it cannot poll (ErrSchema) or a
+// (wrapping kafka.ErrPoison), a table it cannot poll (ErrSchema) or a
 // row it cannot read (ErrBadRow).
 func (p *Poller) Run(ctx context.Context) error { return p.sup.Run(ctx, p.session) }
 
 func restartCause(err error) string {
 	switch {
-	case errors.Is(err, publisher.ErrProduce), errors.Is(err, errProducerOpen):
+	case errors.Is(err, kafka.ErrProduce), errors.Is(err, errProducerOpen):
 		return "kafka"
 	case errors.Is(err, publisher.ErrHook), errors.Is(err, errHookOpen):
 		return "hook"
@@ -102,7 +102,7 @@ func restartCause(err error) string {
 }
 
 func isFatal(err error) bool {
-	return errors.Is(err, publisher.ErrPoison) || errors.Is(err, ErrSchema) || errors.Is(err, ErrBadRow)
+	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, ErrSchema) || errors.Is(err, ErrBadRow)
 }
 
 var (
@@ -180,13 +180,6 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 	hardCtx, cancelHard := context.WithCancel(hardCtx)
 	defer cancelHard()
 
-	rt := &router{waiting: make(map[*publisher.Record]chan *publisher.Record)}
-	routed := make(chan struct{})
-	go func() {
-		defer close(routed)
-		rt.run(prod.Results())
-	}()
-
 	p.sup.Running()
 	p.log.Info("polling", zap.String("table", tbl.plain), zap.Strings("columns", tbl.columns),
 		zap.Duration("interval", p.cfg.Interval), zap.Int("batch_size", p.cfg.BatchSize), zap.Int("workers", p.cfg.Workers))
@@ -197,8 +190,8 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 		firstErr error
 	)
 	for i, c := range conns {
-		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, hook: hooks[i], rt: rt,
-			acks: make(chan *publisher.Record, p.cfg.BatchSize), published: &published}
+		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, hook: hooks[i],
+			acks: make(chan *kafka.Record, p.cfg.BatchSize), published: &published}
 		// Stagger the workers across the interval.
 		first := time.Duration(i) * p.cfg.Interval / time.Duration(len(conns))
 		wg.Add(1)
@@ -215,40 +208,11 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 	}
 	wg.Wait()
 	prod.Close()
-	<-routed // every record the producer had is back (and dropped)
-	return false, firstErr
-}
-
-// router hands each result to the worker that sent the record.
-type router struct {
-	mu      sync.Mutex
-	waiting map[*publisher.Record]chan *publisher.Record
-}
-
-func (rt *router) expect(r *publisher.Record, ch chan *publisher.Record) {
-	rt.mu.Lock()
-	rt.waiting[r] = ch
-	rt.mu.Unlock()
-}
-
-func (rt *router) forget(r *publisher.Record) {
-	rt.mu.Lock()
-	delete(rt.waiting, r)
-	rt.mu.Unlock()
-}
-
-func (rt *router) run(results <-chan *publisher.Record) {
-	for r := range results {
-		rt.mu.Lock()
-		ch := rt.waiting[r]
-		delete(rt.waiting, r)
-		rt.mu.Unlock()
-		if ch != nil {
-			// Never blocks: a worker has at most BatchSize records out and
-			// acks holds BatchSize.
-			ch <- r
-		}
+	for range prod.Results() {
+		// Every record of the session came back to its worker's acks (Done)
+		// once Results is closed; nothing else arrives here.
 	}
+	return false, firstErr
 }
 
 // worker owns one connection and runs one polling transaction at a time.
@@ -259,8 +223,9 @@ type worker struct {
 	prod publisher.Producer
 	dlq  publisher.DeadLetterer
 	hook publisher.Hook // nil: none
-	rt   *router
-	acks chan *publisher.Record
+	// acks receives the worker's records back from the producer
+	// (kafka.Record.Done): it holds BatchSize, so the producer never blocks.
+	acks chan *kafka.Record
 	// published is set once a batch of the session was published.
 	published *atomic.Bool
 
@@ -269,7 +234,7 @@ type worker struct {
 }
 
 func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) error {
-	if !publisher.Sleep(readCtx, first) {
+	if !backoff.Sleep(readCtx, first) {
 		return nil
 	}
 	for readCtx.Err() == nil {
@@ -287,7 +252,7 @@ func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) erro
 		if n == w.p.cfg.BatchSize {
 			continue // a backlog: poll again at once
 		}
-		if !publisher.Sleep(readCtx, time.Until(start.Add(w.p.cfg.Interval))) {
+		if !backoff.Sleep(readCtx, time.Until(start.Add(w.p.cfg.Interval))) {
 			return nil
 		}
 	}
@@ -336,12 +301,11 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		r := publisher.NewRecord(&w.events[i], p.cfg.DefaultTopic, now)
 		size := int64(r.Size())
 		if r.Topic == "" {
-			r.Err = &publisher.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}
+			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}
 			w.acks <- r
 		} else {
-			w.rt.expect(r, w.acks)
+			r.Done = w.acks
 			if err := w.prod.Send(ctx, r); err != nil {
-				w.rt.forget(r)
 				failed = fmt.Errorf("poll: produce: %w", err)
 				break
 			}
@@ -354,7 +318,7 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 	// Wait for every record sent, even after a failure, so the producer
 	// holds nothing of this batch when the session ends.
 	for sent > 0 {
-		var r *publisher.Record
+		var r *kafka.Record
 		select {
 		case r = <-w.acks:
 		case <-ctx.Done():
@@ -394,7 +358,7 @@ var errNoTopic = errors.New("the row has no topic and no --default-topic is set"
 
 // result accounts for one record back from Kafka; poison goes to the
 // dead-letter producer when there is one.
-func (w *worker) result(ctx context.Context, r *publisher.Record, size int) error {
+func (w *worker) result(ctx context.Context, r *kafka.Record, size int) error {
 	p := w.p
 	if r.Err == nil {
 		if w.hook != nil {
@@ -409,7 +373,7 @@ func (w *worker) result(ctx context.Context, r *publisher.Record, size int) erro
 		}
 		return nil
 	}
-	if !errors.Is(r.Err, publisher.ErrPoison) || w.dlq == nil {
+	if !errors.Is(r.Err, kafka.ErrPoison) || w.dlq == nil {
 		p.m.ProduceErrors.WithLabelValues(r.Topic).Inc()
 		return r.Err
 	}

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
@@ -96,10 +97,10 @@ func (r *running) wait(t *testing.T, timeout time.Duration) error {
 
 func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (publisher.Producer, error) {
 	t.Helper()
-	kc := publisher.DefaultKafkaConfig()
+	kc := kafka.DefaultConfig()
 	kc.Brokers = k.Brokers
 	return func() (publisher.Producer, error) {
-		return publisher.NewKafkaProducer(kc, nil, publisher.ProducerHooks{})
+		return kafka.NewProducer(kc, nil, kafka.ProducerHooks{})
 	}
 }
 
@@ -377,11 +378,11 @@ func TestFailedProduceRollsBackAndRetries(t *testing.T) {
 	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', '{}' FROM generate_series(1, 120)`)
 	var mu sync.Mutex
 	failing := true
-	fp := newFakeProducer(time.Millisecond, func(r *publisher.Record) error {
+	fp := newFakeProducer(time.Millisecond, func(r *kafka.Record) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if failing {
-			return &publisher.ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: errors.New("broker down")}
+			return &kafka.ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: errors.New("broker down")}
 		}
 		return nil
 	})
@@ -410,15 +411,15 @@ func TestPoisonHaltsWithoutDeadLetterTopic(t *testing.T) {
 	t.Parallel()
 	pg := migrated(t)
 	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', jsonb_build_object('g', g) FROM generate_series(1, 10) g`)
-	fp := newFakeProducer(0, func(r *publisher.Record) error {
+	fp := newFakeProducer(0, func(r *kafka.Record) error {
 		if r.OutboxID == 4 {
-			return &publisher.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
+			return &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
 		}
 		return nil
 	})
 	r := start(t, testConfig(pg), Deps{NewProducer: fakeFactory(fp)})
 	err := r.wait(t, 30*time.Second)
-	if !errors.Is(err, publisher.ErrPoison) {
+	if !errors.Is(err, kafka.ErrPoison) {
 		t.Fatalf("Run returned %v, want a poison error", err)
 	}
 	if n := count(t, pg, "published_at IS NULL"); n != 10 {
@@ -434,9 +435,9 @@ func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
 	pg := migrated(t)
 	pg.Exec(t, `ALTER TABLE outbox ALTER COLUMN topic DROP NOT NULL`)
 	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', CASE WHEN g = 7 THEN NULL ELSE 't' END, '{}' FROM generate_series(1, 10) g`)
-	fp := newFakeProducer(0, func(r *publisher.Record) error {
+	fp := newFakeProducer(0, func(r *kafka.Record) error {
 		if r.OutboxID == 4 {
-			return &publisher.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
+			return &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
 		}
 		return nil
 	})
@@ -570,7 +571,7 @@ type failingHook struct {
 	seen  map[int64]int
 }
 
-func (h *failingHook) AfterPublish(_ context.Context, r *publisher.Record) error {
+func (h *failingHook) AfterPublish(_ context.Context, r *kafka.Record) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fails > 0 {

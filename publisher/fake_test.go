@@ -3,22 +3,24 @@ package publisher
 import (
 	"context"
 	"sync"
+
+	"github.com/outboxd/outboxd/kafka"
 )
 
 // fakeProducer records what is sent; the test decides each record's fate.
 type fakeProducer struct {
 	mu      sync.Mutex
-	sent    []*Record
-	sentCh  chan *Record
-	results chan *Record
+	sent    []*kafka.Record
+	sentCh  chan *kafka.Record
+	results chan *kafka.Record
 	closed  bool
 }
 
 func newFakeProducer() *fakeProducer {
-	return &fakeProducer{sentCh: make(chan *Record, 1000), results: make(chan *Record, 1000)}
+	return &fakeProducer{sentCh: make(chan *kafka.Record, 1000), results: make(chan *kafka.Record, 1000)}
 }
 
-func (f *fakeProducer) Send(ctx context.Context, r *Record) error {
+func (f *fakeProducer) Send(ctx context.Context, r *kafka.Record) error {
 	f.mu.Lock()
 	f.sent = append(f.sent, r)
 	f.mu.Unlock()
@@ -26,7 +28,7 @@ func (f *fakeProducer) Send(ctx context.Context, r *Record) error {
 	return nil
 }
 
-func (f *fakeProducer) Results() <-chan *Record { return f.results }
+func (f *fakeProducer) Results() <-chan *kafka.Record { return f.results }
 
 func (f *fakeProducer) Close() error {
 	f.mu.Lock()
@@ -38,8 +40,8 @@ func (f *fakeProducer) Close() error {
 	return nil
 }
 
-func (f *fakeProducer) ack(r *Record)             { f.results <- r }
-func (f *fakeProducer) fail(r *Record, err error) { r.Err = err; f.results <- r }
+func (f *fakeProducer) ack(r *kafka.Record)             { f.results <- r }
+func (f *fakeProducer) fail(r *kafka.Record, err error) { r.Err = err; f.results <- r }
 
 func (f *fakeProducer) numSent() int {
 	f.mu.Lock()
@@ -49,11 +51,11 @@ func (f *fakeProducer) numSent() int {
 
 type fakeDLQ struct {
 	mu  sync.Mutex
-	got []*Record
+	got []*kafka.Record
 	err error
 }
 
-func (d *fakeDLQ) DeadLetter(_ context.Context, r *Record, _ error) error {
+func (d *fakeDLQ) DeadLetter(_ context.Context, r *kafka.Record, _ error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.err != nil {

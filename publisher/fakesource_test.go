@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -122,12 +123,6 @@ func (s *fakeServer) seenBy(session int) []pglogrepl.LSN {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.seen[session])
-}
-
-func (s *fakeServer) numSessions() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.sessions
 }
 
 func (s *fakeServer) numOpens() int {
@@ -259,7 +254,7 @@ type fate int
 const (
 	ack    fate = iota // acknowledge at once
 	fail               // fail at once with the policy's error
-	hold               // never answer (failed with ErrProducerClosed on Close)
+	hold               // never answer (failed with kafka.ErrProducerClosed on Close)
 	manual             // hand to the test on svcKafka.manual
 )
 
@@ -269,24 +264,24 @@ type svcKafka struct {
 	sessions int
 	sent     []int64 // outbox ids in send order, across sessions
 	// policy decides each record's fate; nil acknowledges everything.
-	policy func(session int, r *Record) (fate, error)
+	policy func(session int, r *kafka.Record) (fate, error)
 	manual chan sentRecord
 }
 
 type sentRecord struct {
 	session int
-	r       *Record
+	r       *kafka.Record
 	p       *svcProducer
 }
 
-func newSvcKafka(policy func(session int, r *Record) (fate, error)) *svcKafka {
+func newSvcKafka(policy func(session int, r *kafka.Record) (fate, error)) *svcKafka {
 	return &svcKafka{policy: policy, manual: make(chan sentRecord, 1000)}
 }
 
 func (k *svcKafka) newProducer() (Producer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	p := &svcProducer{k: k, session: k.sessions, results: make(chan *Record, 1000), held: map[*Record]bool{}}
+	p := &svcProducer{k: k, session: k.sessions, results: make(chan *kafka.Record, 1000), held: map[*kafka.Record]bool{}}
 	k.sessions++
 	return p, nil
 }
@@ -301,12 +296,12 @@ type svcProducer struct {
 	k       *svcKafka
 	session int
 	mu      sync.Mutex
-	results chan *Record
-	held    map[*Record]bool
+	results chan *kafka.Record
+	held    map[*kafka.Record]bool
 	closed  bool
 }
 
-func (p *svcProducer) Send(ctx context.Context, r *Record) error {
+func (p *svcProducer) Send(ctx context.Context, r *kafka.Record) error {
 	p.k.mu.Lock()
 	p.k.sent = append(p.k.sent, r.OutboxID)
 	policy := p.k.policy
@@ -333,7 +328,7 @@ func (p *svcProducer) Send(ctx context.Context, r *Record) error {
 
 // resolve returns r on Results with err; held says r must still be held
 // (a manual answer after Close is dropped: Close answered it).
-func (p *svcProducer) resolve(r *Record, err error, held bool) {
+func (p *svcProducer) resolve(r *kafka.Record, err error, held bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed || (held && !p.held[r]) {
@@ -344,10 +339,10 @@ func (p *svcProducer) resolve(r *Record, err error, held bool) {
 	p.results <- r
 }
 
-func (p *svcProducer) ack(r *Record)             { p.resolve(r, nil, true) }
-func (p *svcProducer) fail(r *Record, err error) { p.resolve(r, err, true) }
+func (p *svcProducer) ack(r *kafka.Record)             { p.resolve(r, nil, true) }
+func (p *svcProducer) fail(r *kafka.Record, err error) { p.resolve(r, err, true) }
 
-func (p *svcProducer) Results() <-chan *Record { return p.results }
+func (p *svcProducer) Results() <-chan *kafka.Record { return p.results }
 
 func (p *svcProducer) Close() error {
 	p.mu.Lock()
@@ -357,7 +352,7 @@ func (p *svcProducer) Close() error {
 	}
 	p.closed = true
 	for r := range p.held {
-		r.Err = ErrProducerClosed
+		r.Err = kafka.ErrProducerClosed
 		p.results <- r
 	}
 	p.held = nil

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/kafka"
 )
 
 // ErrHook means a post-publish hook failed. The event's transaction is not
@@ -18,7 +20,7 @@ var ErrHook = errors.New("post-publish hook failed")
 // Hook runs after Kafka acknowledged an event and before its transaction can
 // be confirmed.
 type Hook interface {
-	AfterPublish(ctx context.Context, r *Record) error
+	AfterPublish(ctx context.Context, r *kafka.Record) error
 }
 
 // ParseHooks parses "TOPIC=SQL" specifications into a topic → SQL map.
@@ -72,7 +74,7 @@ func NewSQLHooks(ctx context.Context, dsn string, hooks map[string]string) (*SQL
 }
 
 // AfterPublish implements Hook.
-func (h *SQLHooks) AfterPublish(ctx context.Context, r *Record) error {
+func (h *SQLHooks) AfterPublish(ctx context.Context, r *kafka.Record) error {
 	sql, ok := h.sql[r.Topic]
 	if !ok {
 		return nil

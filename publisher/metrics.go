@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -25,7 +26,7 @@ type Metrics struct {
 	Restarts       *prometheus.CounterVec
 	Standby        prometheus.Gauge
 	// ProduceRetries and ProduceRecovery observe the Kafka producer (see
-	// ProducerHooks).
+	// kafka.ProducerHooks).
 	ProduceRetries  *prometheus.CounterVec
 	ProduceRecovery prometheus.Histogram
 
@@ -131,8 +132,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 // ProducerHooks feed the producer metrics.
-func (m *Metrics) ProducerHooks() ProducerHooks {
-	return ProducerHooks{
+func (m *Metrics) ProducerHooks() kafka.ProducerHooks {
+	return kafka.ProducerHooks{
 		OnRetry: func(topic string, _ int32, _ int, _ error) { m.ProduceRetries.WithLabelValues(topic).Inc() },
 		OnRecovered: func(_ string, _ int32, stalled time.Duration) {
 			m.ProduceRecovery.Observe(stalled.Seconds())

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -19,12 +20,12 @@ import (
 // producer, a test fake) can stand in.
 type Producer interface {
 	// Send enqueues r. It blocks while the producer's input is full.
-	Send(ctx context.Context, r *Record) error
+	Send(ctx context.Context, r *kafka.Record) error
 	// Results returns every record given to Send exactly once, acknowledged
 	// (Err nil) or failed after the producer's own retries. A failed
-	// record's Err wraps ErrPoison when Kafka refused it for good. The
+	// record's Err wraps kafka.ErrPoison when Kafka refused it for good. The
 	// channel is closed after Close.
-	Results() <-chan *Record
+	Results() <-chan *kafka.Record
 	// Close stops the producer. Records still in flight come back on
 	// Results, acknowledged or failed, before it is closed.
 	Close() error
@@ -33,7 +34,7 @@ type Producer interface {
 // DeadLetterer diverts a poison record to the dead-letter topic and returns
 // once Kafka acknowledged it.
 type DeadLetterer interface {
-	DeadLetter(ctx context.Context, r *Record, cause error) error
+	DeadLetter(ctx context.Context, r *kafka.Record, cause error) error
 }
 
 // Pipeline produces the events of one replication session and tracks what is
@@ -176,17 +177,18 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
 	r := NewRecord(&m.Event, p.cfg.DefaultTopic, t.commitTime)
-	r.txn = t
-	if err := p.lim.acquire(ctx, r.size); err != nil {
+	r.Meta = t
+	size := int64(r.Size())
+	if err := p.lim.acquire(ctx, size); err != nil {
 		return err
 	}
 	p.wm.Add(t)
 	p.m.InFlightEvents.Inc()
-	p.m.InFlightBytes.Add(float64(r.size))
+	p.m.InFlightBytes.Add(float64(size))
 	if r.Topic == "" {
 		// Unroutable: never reaches Kafka. Hand it to the ack loop as a
 		// failed record so it is treated like any other poison event.
-		r.Err = &PoisonError{OutboxID: r.OutboxID, Size: int(r.size), Err: errNoTopic}
+		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}
 		return p.handleResult(ctx, r)
 	}
 	return p.prod.Send(ctx, r)
@@ -232,9 +234,11 @@ func (p *Pipeline) ackLoop(ctx context.Context) {
 }
 
 // handleResult accounts for one record back from Kafka.
-func (p *Pipeline) handleResult(ctx context.Context, r *Record) error {
+func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
+	t := r.Meta.(*txn)
+	size := int64(r.Size())
 	if r.Err != nil {
-		if !errors.Is(r.Err, ErrPoison) {
+		if !errors.Is(r.Err, kafka.ErrPoison) {
 			p.m.ProduceErrors.WithLabelValues(r.Topic).Inc()
 			return r.Err
 		}
@@ -256,18 +260,18 @@ func (p *Pipeline) handleResult(ctx context.Context, r *Record) error {
 			}
 		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
-		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(r.size))
-		if !r.txn.commitTime.IsZero() {
-			p.m.observeLatency(r.txn.commitTime)
+		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size))
+		if !t.commitTime.IsZero() {
+			p.m.observeLatency(t.commitTime)
 		}
 	}
-	p.wm.Ack(r.txn)
-	p.lim.release(r.size)
+	p.wm.Ack(t)
+	p.lim.release(size)
 	if !p.progressed.Load() {
 		p.progressed.Store(true)
 	}
 	p.m.InFlightEvents.Dec()
-	p.m.InFlightBytes.Sub(float64(r.size))
+	p.m.InFlightBytes.Sub(float64(size))
 	p.m.ConfirmedLSN.Set(float64(p.wm.Confirmed()))
 	return nil
 }

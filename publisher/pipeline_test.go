@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -57,7 +58,7 @@ func startPipelineWithHook(t *testing.T, cfg Config, dlq DeadLetterer, hook Hook
 	return h
 }
 
-func (h *harness) next() *Record {
+func (h *harness) next() *kafka.Record {
 	h.t.Helper()
 	select {
 	case r := <-h.prod.sentCh:
@@ -152,11 +153,11 @@ func TestPipelineProduceErrorStopsWithoutConfirming(t *testing.T) {
 	h.in <- event(2, "a", "t")
 	h.in <- commit(2000)
 	r1, r2 := h.next(), h.next()
-	h.prod.fail(r1, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	h.prod.fail(r1, &kafka.ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
 	h.prod.ack(r2)
 	err := h.result()
-	if !errors.Is(err, ErrProduce) || !errors.Is(err, sarama.ErrNotEnoughReplicas) {
-		t.Fatalf("Run() = %v, want ErrProduce wrapping the cause", err)
+	if !errors.Is(err, kafka.ErrProduce) || !errors.Is(err, sarama.ErrNotEnoughReplicas) {
+		t.Fatalf("Run() = %v, want kafka.ErrProduce wrapping the cause", err)
 	}
 	if got := h.p.Confirmed(); got != 1000 {
 		t.Fatalf("confirmed %d past a failed event", got)
@@ -169,10 +170,10 @@ func TestPipelinePoisonHaltsWithClearErrorWithoutDeadLetterTopic(t *testing.T) {
 	h.in <- begin()
 	h.in <- event(7, "a", "t")
 	r := h.next()
-	h.prod.fail(r, classify(r, sarama.ErrMessageSizeTooLarge))
+	h.prod.fail(r, poison(r, sarama.ErrMessageSizeTooLarge))
 	err := h.result()
-	if !errors.Is(err, ErrPoison) {
-		t.Fatalf("Run() = %v, want ErrPoison", err)
+	if !errors.Is(err, kafka.ErrPoison) {
+		t.Fatalf("Run() = %v, want kafka.ErrPoison", err)
 	}
 	want := `poison event: outbox id 7 to topic "t" (31 bytes) refused: kafka server: Message was too large, server rejected it to avoid allocation error; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`
 	if err.Error() != want {
@@ -193,7 +194,7 @@ func TestPipelinePoisonGoesToDeadLetterTopicAndConfirms(t *testing.T) {
 	h.in <- event(2, "a", "t")
 	h.in <- commit(2000)
 	r1, r2 := h.next(), h.next()
-	h.prod.fail(r1, classify(r1, sarama.ErrUnknownTopicOrPartition))
+	h.prod.fail(r1, poison(r1, sarama.ErrUnknownTopicOrPartition))
 	h.prod.ack(r2)
 	h.waitConfirmed(2000)
 	if len(dlq.got) != 1 || dlq.got[0].OutboxID != 1 {
@@ -209,7 +210,7 @@ func TestPipelineDeadLetterFailureStopsWithoutConfirming(t *testing.T) {
 	h.in <- event(1, "a", "t")
 	h.in <- commit(2000)
 	r := h.next()
-	h.prod.fail(r, classify(r, sarama.ErrUnknownTopicOrPartition))
+	h.prod.fail(r, poison(r, sarama.ErrUnknownTopicOrPartition))
 	if err := h.result(); err == nil || !strings.Contains(err.Error(), "dead-letter") {
 		t.Fatalf("Run() = %v, want a dead-letter error", err)
 	}
@@ -223,7 +224,7 @@ func TestPipelineUnroutableEventIsPoison(t *testing.T) {
 	h.in <- begin()
 	h.in <- event(9, "a", "")
 	err := h.result()
-	if !errors.Is(err, ErrPoison) || !strings.Contains(err.Error(), "outbox id 9") || !strings.Contains(err.Error(), "no topic") {
+	if !errors.Is(err, kafka.ErrPoison) || !strings.Contains(err.Error(), "outbox id 9") || !strings.Contains(err.Error(), "no topic") {
 		t.Fatalf("Run() = %v, want a poison error naming id 9 and the missing topic", err)
 	}
 }
@@ -236,7 +237,7 @@ func TestPipelineBoundsEventsInFlight(t *testing.T) {
 	for i := int64(1); i <= 10; i++ {
 		h.in <- event(i, "a", "t")
 	}
-	first := []*Record{h.next(), h.next(), h.next()}
+	first := []*kafka.Record{h.next(), h.next(), h.next()}
 	time.Sleep(50 * time.Millisecond)
 	if n := h.prod.numSent(); n != 3 {
 		t.Fatalf("%d records in flight, want at most 3", n)
@@ -283,7 +284,7 @@ type fakeHook struct {
 	ran []int64
 }
 
-func (f *fakeHook) AfterPublish(_ context.Context, r *Record) error {
+func (f *fakeHook) AfterPublish(_ context.Context, r *kafka.Record) error {
 	f.ran = append(f.ran, r.OutboxID)
 	return f.err
 }
@@ -321,8 +322,8 @@ func TestPipelineHookDoesNotRunWhenPublishFails(t *testing.T) {
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
 	r := h.next()
-	h.prod.fail(r, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
-	if err := h.result(); !errors.Is(err, ErrProduce) {
+	h.prod.fail(r, &kafka.ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	if err := h.result(); !errors.Is(err, kafka.ErrProduce) {
 		t.Fatalf("Run() = %v", err)
 	}
 	if len(hook.ran) != 0 {
@@ -355,9 +356,9 @@ func TestPipelineFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {
 	}
 	r1 := h.next()
 	h.next()
-	h.prod.fail(r1, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	h.prod.fail(r1, &kafka.ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
 	err := h.result()
-	if !errors.Is(err, ErrProduce) {
+	if !errors.Is(err, kafka.ErrProduce) {
 		t.Fatalf("Run() = %v, want the produce error", err)
 	}
 	if n := h.prod.numSent(); n != 2 {
@@ -372,7 +373,7 @@ type blockingProducer struct {
 	entered chan struct{}
 }
 
-func (b *blockingProducer) Send(ctx context.Context, r *Record) error {
+func (b *blockingProducer) Send(ctx context.Context, r *kafka.Record) error {
 	if b.numSent() < 1 {
 		return b.fakeProducer.Send(ctx, r)
 	}
@@ -392,10 +393,10 @@ func TestPipelineFailureReleasesSendBlockedOnProducerInput(t *testing.T) {
 	in <- event(2, "a", "t")
 	r1 := <-prod.sentCh
 	<-prod.entered
-	prod.fail(r1, &ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
+	prod.fail(r1, &kafka.ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
 	select {
 	case err := <-errc:
-		if !errors.Is(err, ErrProduce) {
+		if !errors.Is(err, kafka.ErrProduce) {
 			t.Fatalf("Run() = %v, want the produce error, not the cancellation", err)
 		}
 	case <-time.After(5 * time.Second):
@@ -414,4 +415,9 @@ func TestPipelineHookFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {
 	if err := h.result(); !errors.Is(err, ErrHook) {
 		t.Fatalf("Run() = %v, want the hook error", err)
 	}
+}
+
+// poison is how the producer fails a record Kafka refused for good.
+func poison(r *kafka.Record, err error) error {
+	return &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -85,7 +86,7 @@ func (s *Service) State() State { return s.sup.State() }
 func (s *Service) Run(ctx context.Context) error { return s.sup.Run(ctx, s.session) }
 
 func isFatal(err error) bool {
-	return errors.Is(err, ErrPoison) ||
+	return errors.Is(err, kafka.ErrPoison) ||
 		errors.Is(err, replication.ErrSlotMissing) ||
 		errors.Is(err, replication.ErrMissingColumn) ||
 		errors.Is(err, replication.ErrBadValue)
@@ -93,7 +94,7 @@ func isFatal(err error) bool {
 
 func restartCause(err error) string {
 	switch {
-	case errors.Is(err, ErrProduce), errors.Is(err, errProducerOpen):
+	case errors.Is(err, kafka.ErrProduce), errors.Is(err, errProducerOpen):
 		return "kafka"
 	case errors.Is(err, errSourceOpen), errors.Is(err, errSource):
 		return "postgres"

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -169,14 +170,14 @@ func (h *svcHarness) nextManual() sentRecord {
 	}
 }
 
-func errNotEnoughReplicas(r *Record) error {
-	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrNotEnoughReplicas}
+func errNotEnoughReplicas(r *kafka.Record) error {
+	return &kafka.ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrNotEnoughReplicas}
 }
 
 // failIn fails the record with outbox id in the given sessions and
 // acknowledges everything else.
-func failIn(id int64, sessions ...int) func(int, *Record) (fate, error) {
-	return func(s int, r *Record) (fate, error) {
+func failIn(id int64, sessions ...int) func(int, *kafka.Record) (fate, error) {
+	return func(s int, r *kafka.Record) (fate, error) {
 		if r.OutboxID == id && slices.Contains(sessions, s) {
 			return fail, errNotEnoughReplicas(r)
 		}
@@ -209,7 +210,7 @@ func TestServiceProduceFailureRestartsFromLastConfirmedPosition(t *testing.T) {
 // failingHook fails AfterPublish while fail is set.
 type failingHook struct{ fail bool }
 
-func (f *failingHook) AfterPublish(context.Context, *Record) error {
+func (f *failingHook) AfterPublish(context.Context, *kafka.Record) error {
 	if f.fail {
 		return fmt.Errorf("%w: update orders: connection reset", ErrHook)
 	}
@@ -302,7 +303,7 @@ func TestServiceLaterRecordAckedAfterAFailedOneIsNotConfirmed(t *testing.T) {
 	srv := newFakeServer(0x10)
 	srv.commit(0x100, event(1, "k", "t"))
 	srv.commit(0x200, event(2, "k", "t"))
-	h := newSvcHarness(t, srv, newSvcKafka(func(s int, r *Record) (fate, error) {
+	h := newSvcHarness(t, srv, newSvcKafka(func(s int, r *kafka.Record) (fate, error) {
 		if s == 0 {
 			return manual, nil
 		}
@@ -360,7 +361,7 @@ func TestServiceBackoffStartsOverAfterASessionThatDeliveredEvents(t *testing.T) 
 	// Sessions 0-2 fail on event 1 (nothing delivered); session 3 delivers
 	// event 1, then fails on event 2; session 4 fails on event 2 again
 	// (nothing delivered); session 5 delivers.
-	kafka := newSvcKafka(func(s int, r *Record) (fate, error) {
+	kafka := newSvcKafka(func(s int, r *kafka.Record) (fate, error) {
 		if (s <= 2 && r.OutboxID == 1) || ((s == 3 || s == 4) && r.OutboxID == 2) {
 			return fail, errNotEnoughReplicas(r)
 		}
@@ -470,9 +471,9 @@ func TestServiceHaltsOnFatalErrors(t *testing.T) {
 		want   error
 		script func(h *svcHarness)
 	}{
-		{"poison without dead-letter topic", ErrPoison, func(h *svcHarness) {
-			h.kafka.policy = func(_ int, r *Record) (fate, error) {
-				return fail, &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
+		{"poison without dead-letter topic", kafka.ErrPoison, func(h *svcHarness) {
+			h.kafka.policy = func(_ int, r *kafka.Record) (fate, error) {
+				return fail, &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
 			}
 		}},
 		{"slot missing at open", replication.ErrSlotMissing, func(h *svcHarness) {
@@ -504,7 +505,7 @@ func TestServiceHaltsOnFatalErrors(t *testing.T) {
 				t.Errorf("%d opens, want 1: a fatal error does not restart", n)
 			}
 			h.wantRestarts(nil)
-			if tc.want == ErrPoison {
+			if tc.want == kafka.ErrPoison {
 				if got := srv.slotConfirmed(); got != 0x10 {
 					t.Errorf("slot confirmed %s past a poison event", got)
 				}
@@ -518,8 +519,8 @@ func TestServiceHaltsOnFatalErrors(t *testing.T) {
 func TestServicePoisonWithDeadLetterTopicDoesNotHalt(t *testing.T) {
 	srv := newFakeServer(0x10)
 	srv.commit(0x100, event(1, "a", "t"))
-	h := newSvcHarness(t, srv, newSvcKafka(func(_ int, r *Record) (fate, error) {
-		return fail, &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
+	h := newSvcHarness(t, srv, newSvcKafka(func(_ int, r *kafka.Record) (fate, error) {
+		return fail, &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
 	}))
 	dlq := &fakeDLQ{}
 	h.deps.NewDeadLetterer = func() (DeadLetterer, error) { return dlq, nil }
@@ -544,7 +545,7 @@ func TestServiceCleanStopFinishesTheTransactionInHandAndWaitsForAcks(t *testing.
 	gate := make(chan struct{})
 	srv.commitTxn(fakeTxn{end: 0x100, events: []replication.Message{event(1, "a", "t"), event(2, "b", "t")}, gate: gate})
 	srv.commit(0x200, event(3, "a", "t"))
-	h := newSvcHarness(t, srv, newSvcKafka(func(int, *Record) (fate, error) { return manual, nil }))
+	h := newSvcHarness(t, srv, newSvcKafka(func(int, *kafka.Record) (fate, error) { return manual, nil }))
 	h.start(svcConfig())
 	first := h.nextManual()
 	h.cancel()
@@ -583,7 +584,7 @@ func TestServiceShutdownTimeoutBoundsTheWaitForAcks(t *testing.T) {
 	const timeout = 150 * time.Millisecond
 	srv := newFakeServer(0x10)
 	srv.commit(0x100, event(1, "a", "t"))
-	h := newSvcHarness(t, srv, newSvcKafka(func(int, *Record) (fate, error) { return hold, nil }))
+	h := newSvcHarness(t, srv, newSvcKafka(func(int, *kafka.Record) (fate, error) { return hold, nil }))
 	cfg := svcConfig()
 	cfg.ShutdownTimeout = timeout
 	h.start(cfg)

@@ -3,12 +3,12 @@ package publisher
 import (
 	"context"
 	"errors"
+	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/replication"
+	"go.uber.org/zap"
 	"sync/atomic"
 	"time"
-
-	"go.uber.org/zap"
-
-	"github.com/outboxd/outboxd/replication"
 )
 
 // State is what a supervised source is doing, for health checks.
@@ -39,7 +39,7 @@ type SupervisorConfig struct {
 	// ShutdownTimeout bounds a session's drain after a graceful stop.
 	ShutdownTimeout time.Duration
 	// Fatal reports the errors a restart cannot fix; Run returns them.
-	// Errors wrapping ErrPoison are always fatal.
+	// Errors wrapping kafka.ErrPoison are always fatal.
 	Fatal func(error) bool
 	// Cause names an error's restart cause for the log and for the
 	// outboxd_pipeline_restarts_total{cause} metric.
@@ -118,14 +118,14 @@ func (s *Supervisor) NotRunning() { s.setState(StateRestarting) }
 // session drained) or a session fails with a fatal error (returned).
 func (s *Supervisor) Run(ctx context.Context, session Session) error {
 	defer s.setState(StateStopped)
-	backoff := NewBackoff(s.cfg.RestartBackoffMin, s.cfg.RestartBackoffMax)
+	bo := backoff.New(s.cfg.RestartBackoffMin, s.cfg.RestartBackoffMax)
 	for {
 		started := time.Now()
 		progressed, err := s.runSession(ctx, session)
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				// A failure while finishing: never dropped silently.
-				if errors.Is(err, ErrPoison) || s.cfg.Fatal(err) {
+				if errors.Is(err, kafka.ErrPoison) || s.cfg.Fatal(err) {
 					s.log.Error("halting", zap.Error(err))
 					return err
 				}
@@ -137,7 +137,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 		var inUse *replication.SlotInUseError
 		switch {
 		case errors.Is(err, errRetrySoon):
-			if !Sleep(ctx, s.cfg.RestartBackoffMin) {
+			if !backoff.Sleep(ctx, s.cfg.RestartBackoffMin) {
 				return nil
 			}
 			continue
@@ -148,11 +148,11 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 				s.standbyPID = inUse.PID
 			}
 			s.setState(StateStandby)
-			if !Sleep(ctx, s.cfg.StandbyPollInterval) {
+			if !backoff.Sleep(ctx, s.cfg.StandbyPollInterval) {
 				return nil
 			}
 			continue
-		case errors.Is(err, ErrPoison) || s.cfg.Fatal(err):
+		case errors.Is(err, kafka.ErrPoison) || s.cfg.Fatal(err):
 			s.log.Error("halting", zap.Error(err))
 			return err
 		}
@@ -161,13 +161,13 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 		if progressed {
 			// The session delivered events: this failure is a new one, not
 			// the same outage again, so it does not inherit the backoff.
-			backoff.Reset()
+			bo.Reset()
 		}
-		wait := backoff.Next(time.Since(started))
+		wait := bo.Next(time.Since(started))
 		s.setState(StateRestarting)
 		s.log.Warn("restarting pipeline from the last confirmed position",
 			zap.String("cause", cause), zap.Duration("backoff", wait), zap.Error(err))
-		if !Sleep(ctx, wait) {
+		if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
 	}

@@ -348,7 +348,7 @@ func cmdConfigCheck(_ context.Context, args []string) error {
 	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate(), o.streamConfig().Validate(), herr, lerr); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
-	fmt.Fprintf(os.Stderr, "config check: valid (Kafka %s: %s)\n", strings.Join(kcfg.Brokers, ","), o.kafkaSec.describe())
+	fmt.Fprintf(os.Stderr, "config check: valid (Kafka %s: %s)\n", strings.Join(kcfg.Brokers, ","), o.kafkaSec.Describe())
 	return nil
 }
 

@@ -162,8 +162,10 @@ func TestRunPoisonEvents(t *testing.T) {
 			t.Fatalf("main topic got %d records, want the good one", len(good))
 		}
 		if len(dead) != 1 || header(dead[0], "outbox-id") != "1" || string(dead[0].Key) != "agg-1" ||
-			!strings.Contains(header(dead[0], "outboxd-error"), "Message was too large") ||
-			header(dead[0], "outboxd-original-topic") != e.topic || header(dead[0], "outboxd-payload-omitted") != "true" {
+			!strings.Contains(header(dead[0], "dlq-error"), "Message was too large") || header(dead[0], "dlq-error-class") != "poison" ||
+			header(dead[0], "dlq-source-topic") != e.topic || header(dead[0], "dlq-payload-omitted") != "true" ||
+			// the names before 0.2, still written for one release
+			header(dead[0], "outboxd-error") != header(dead[0], "dlq-error") || header(dead[0], "outboxd-original-topic") != e.topic {
 			t.Fatalf("dead-letter record %+v", dead)
 		}
 		d.stop()

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
@@ -41,7 +42,7 @@ type options struct {
 	metricsAddr     string
 	pub             publisher.Config
 	poll            pollOptions // --source=poll: poll.go
-	kafkaSec        kafkaSecurity
+	kafkaSec        kafka.Security
 	slotPoll        time.Duration
 	hooks           stringList
 
@@ -64,7 +65,7 @@ func newFlagSet(name string, o *options) *flag.FlagSet {
 }
 
 func addRunFlags(fs *flag.FlagSet, o *options) {
-	k := publisher.DefaultKafkaConfig()
+	k := kafka.DefaultConfig()
 	fs.StringVar(&o.brokers, "kafka-brokers", "", "Kafka bootstrap brokers, host:port[,host:port...]")
 	fs.StringVar(&o.kafkaVersion, "kafka-version", k.Version.String(), "Kafka protocol version to speak (Kafka 4 needs ≥ 2.1)")
 	fs.StringVar(&o.compression, "kafka-compression", k.Compression, "record compression: none, gzip, snappy, lz4, zstd")
@@ -78,7 +79,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
 	addPollFlags(fs, o)
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
-	addKafkaSecurityFlags(fs, &o.kafkaSec)
+	o.kafkaSec.AddFlags(fs)
 	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows whose topic column is absent or NULL")
 	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) here instead of halting")
 	fs.IntVar(&o.pub.MaxInFlightEvents, "max-in-flight-events", o.pub.MaxInFlightEvents, "events produced and not yet acknowledged before reading pauses")
@@ -135,8 +136,8 @@ func (o *options) validateCommon() error {
 	return errors.Join(errs...)
 }
 
-func (o *options) kafkaConfig() (publisher.KafkaConfig, error) {
-	k := publisher.DefaultKafkaConfig()
+func (o *options) kafkaConfig() (kafka.Config, error) {
+	k := kafka.DefaultConfig()
 	for _, b := range strings.Split(o.brokers, ",") {
 		if b = strings.TrimSpace(b); b != "" {
 			k.Brokers = append(k.Brokers, b)
@@ -151,14 +152,7 @@ func (o *options) kafkaConfig() (publisher.KafkaConfig, error) {
 	k.Linger = o.linger
 	k.DeliveryTimeout = o.deliveryTimeout
 	k.MaxMessageBytes = o.maxMessageBytes
-	if err := o.kafkaSec.validate(); err != nil {
-		return k, errors.Join(k.Validate(), err)
-	}
-	configure, err := o.kafkaSec.configure()
-	if err != nil {
-		return k, errors.Join(k.Validate(), err)
-	}
-	k.Configure = configure
+	k.Security = o.kafkaSec
 	return k, k.Validate()
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/publisher"
 )
@@ -61,7 +62,7 @@ func (o *options) pollConfig() (poll.Config, error) {
 
 // runPoll is cmdRun for --source=poll, after the common flags were checked
 // and the logger built.
-func runPoll(ctx context.Context, o *options, kcfg publisher.KafkaConfig, logger *zap.Logger) error {
+func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Logger) error {
 	cfg, err := o.pollConfig()
 	if err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
@@ -71,12 +72,12 @@ func runPoll(ctx context.Context, o *options, kcfg publisher.KafkaConfig, logger
 	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
 	deps := poll.Deps{
 		NewProducer: func() (publisher.Producer, error) {
-			return publisher.NewKafkaProducer(kcfg, logger.Named("kafka"), publisher.ProducerHooks{})
+			return kafka.NewProducer(kcfg, logger.Named("kafka"), kafka.ProducerHooks{})
 		},
 	}
 	if cfg.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
-			return publisher.NewKafkaDeadLetterer(kcfg, cfg.DeadLetterTopic)
+			return kafka.NewDeadLetterer(kcfg, cfg.DeadLetterTopic)
 		}
 	}
 	if deps.NewHook, err = o.newHook(); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
@@ -48,7 +49,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err := prepare(ctx, &o, logger); err != nil {
 		return err
 	}
-	if err := checkKafkaConfig(ctx, kcfg, &o.kafkaSec, logger); err != nil {
+	if err := kafka.Check(ctx, kcfg, logger); err != nil {
 		return err
 	}
 
@@ -62,12 +63,12 @@ func cmdRun(ctx context.Context, args []string) error {
 			return replication.Open(ctx, o.streamConfig(), logger.Named("replication"))
 		},
 		NewProducer: func() (publisher.Producer, error) {
-			return publisher.NewKafkaProducer(kcfg, logger.Named("kafka"), metrics.ProducerHooks())
+			return kafka.NewProducer(kcfg, logger.Named("kafka"), metrics.ProducerHooks())
 		},
 	}
 	if o.pub.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
-			return publisher.NewKafkaDeadLetterer(kcfg, o.pub.DeadLetterTopic)
+			return kafka.NewDeadLetterer(kcfg, o.pub.DeadLetterTopic)
 		}
 	}
 	if deps.NewHook, err = o.newHook(); err != nil {

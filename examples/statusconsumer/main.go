@@ -72,6 +72,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.cfg.CommitInterval, "commit-interval", o.cfg.CommitInterval, "how often done offsets are committed (0: after every message)")
 	fs.DurationVar(&o.cfg.SessionTimeout, "session-timeout", o.cfg.SessionTimeout, "consumer group session timeout")
 	fs.IntVar(&o.crashAfterCommit, "crash-after-commit", 0, "DEMO/TEST ONLY: exit hard (status 3) once this many messages are done in Postgres, before their offsets are committed")
+	o.cfg.Security.AddFlags(fs) // --kafka-tls-*, --kafka-sasl-*: the same as outboxd's
 	fs.StringVar(&o.logLevel, "log-level", "warn", "log level on stderr: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

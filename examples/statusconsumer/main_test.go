@@ -279,3 +279,34 @@ func TestKillBetweenCommitAndOffsetCommit(t *testing.T) {
 		t.Errorf("processed_outbox_ids: %d rows, %d duplicates; want 2, 1", rows, dups)
 	}
 }
+
+// The consumer takes the same Kafka security settings and flags as outboxd
+// (package kafka): the example consumer reads through a SASL_SSL listener
+// that also requires a client certificate.
+func TestConsumesOverSASLSSLWithOutboxdsFlags(t *testing.T) {
+	t.Parallel()
+	pg, pool := migratedPool(t)
+	ks := testenv.StartKafkaSASL(t)
+	plain := &testenv.KafkaEnv{Brokers: ks.Brokers}
+	orders := testenv.UniqueName("orders")
+	admin, err := sarama.NewClusterAdmin(ks.Brokers, plain.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.CreateTopic(orders, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close()
+	publish(t, plain, orders, evt{1, createdEvt(1)})
+	p := testproc.Start(t, bins["statusconsumer"], "--pg-dsn", pg.DSN, "--kafka-brokers", strings.Join(ks.TLSBrokers, ","),
+		"--topics", orders, "--group", testenv.UniqueName("statusconsumer"), "--commit-interval", "0", "--log-level", "info",
+		"--kafka-tls-ca-file", ks.CAFile, "--kafka-tls-cert-file", ks.ClientCertFile, "--kafka-tls-key-file", ks.ClientKeyFile,
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User, "--kafka-sasl-password", ks.Password)
+	p.WaitOutput("INSERT outbox-id=1 order-1", 90*time.Second)
+	if code := p.Stop(30 * time.Second); code != 0 {
+		t.Fatalf("statusconsumer exited %d:\n%s", code, p.Output())
+	}
+	if s, n := orderStatus(t, pool, 1); s != brew.StatusCreated || n != 1 {
+		t.Errorf("order 1: %s after %d events, want created after 1", s, n)
+	}
+}

@@ -1,4 +1,7 @@
-package publisher
+// Package backoff is outboxd's one backoff: the capped exponential formula,
+// jitter, the restart backoff of a supervised session and a sleep that ends
+// with its context.
+package backoff
 
 import (
 	"context"
@@ -38,8 +41,8 @@ type Backoff struct {
 	attempt  int
 }
 
-// NewBackoff starts at min and doubles up to max.
-func NewBackoff(min, max time.Duration) *Backoff {
+// New starts at min and doubles up to max.
+func New(min, max time.Duration) *Backoff {
 	return &Backoff{min: min, max: max}
 }
 

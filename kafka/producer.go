@@ -1,9 +1,10 @@
-package publisher
+package kafka
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/outboxd/outboxd/backoff"
 	"sync"
 	"time"
 
@@ -11,7 +12,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// KafkaProducer is outboxd's Kafka producer: Kafka's idempotent producer
+// Producer is outboxd's Kafka producer: Kafka's idempotent producer
 // protocol, spoken through sarama's client and broker API, with one rule
 // sarama's AsyncProducer cannot keep — nothing later in a partition is ever
 // appended after a record of that partition failed.
@@ -56,8 +57,8 @@ import (
 // A record comes back on Results exactly once, acknowledged or failed; the
 // acknowledged records of one partition come back in the order they were
 // sent.
-type KafkaProducer struct {
-	cfg     KafkaConfig
+type Producer struct {
+	cfg     Config
 	conf    *sarama.Config
 	client  sarama.Client
 	log     *zap.Logger
@@ -151,9 +152,9 @@ type topicMeta struct {
 	err        error
 }
 
-// NewKafkaProducer connects to the brokers and obtains a producer id. log
+// NewProducer connects to the brokers and obtains a producer id. log
 // may be nil.
-func NewKafkaProducer(cfg KafkaConfig, log *zap.Logger, hooks ProducerHooks) (*KafkaProducer, error) {
+func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, error) {
 	conf, err := cfg.Sarama()
 	if err != nil {
 		return nil, err
@@ -173,7 +174,7 @@ func NewKafkaProducer(cfg KafkaConfig, log *zap.Logger, hooks ProducerHooks) (*K
 		client.Close()
 		return nil, fmt.Errorf("kafka producer: init producer id: %w", err)
 	}
-	p := &KafkaProducer{
+	p := &Producer{
 		cfg:     cfg,
 		conf:    conf,
 		client:  client,
@@ -212,7 +213,7 @@ func produceVersion(v sarama.KafkaVersion) int16 {
 }
 
 // Send implements Producer. It blocks while the producer's input is full.
-func (p *KafkaProducer) Send(ctx context.Context, r *Record) error {
+func (p *Producer) Send(ctx context.Context, r *Record) error {
 	select {
 	case p.in <- r:
 		return nil
@@ -224,14 +225,14 @@ func (p *KafkaProducer) Send(ctx context.Context, r *Record) error {
 }
 
 // Results implements Producer.
-func (p *KafkaProducer) Results() <-chan *Record { return p.results }
+func (p *Producer) Results() <-chan *Record { return p.results }
 
 // Close implements Producer. Records not yet sent fail with
 // ErrProducerClosed; requests in flight are abandoned (their connections
 // closed) and their records fail too: they were not confirmed, so the
 // pipeline's restart sends them again. Results is closed once every record
 // came back.
-func (p *KafkaProducer) Close() error {
+func (p *Producer) Close() error {
 	p.closeMu.Do(func() { close(p.closing) })
 	return nil
 }
@@ -239,7 +240,7 @@ func (p *KafkaProducer) Close() error {
 // run owns the producer's state: it routes records to partitions, builds
 // one request per idle broker, and handles responses and metadata. Kafka I/O
 // runs in short-lived goroutines that report back on resp and meta.
-func (p *KafkaProducer) run() {
+func (p *Producer) run() {
 	defer func() {
 		close(p.stopped)
 		close(p.results)
@@ -288,7 +289,7 @@ func resetTimer(t *time.Timer, wake, now time.Time) {
 }
 
 // shutdown fails everything not in flight and aborts the requests in flight.
-func (p *KafkaProducer) shutdown() {
+func (p *Producer) shutdown() {
 	for _, t := range p.topics {
 		for _, r := range t.pending {
 			p.fail(r, p.closedErr(r))
@@ -324,19 +325,25 @@ func (p *KafkaProducer) shutdown() {
 	}
 }
 
-func (p *KafkaProducer) closedErr(r *Record) error {
+func (p *Producer) closedErr(r *Record) error {
 	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: ErrProducerClosed}
 }
 
-func (p *KafkaProducer) emit(r *Record) { p.results <- r }
+func (p *Producer) emit(r *Record) {
+	if r.Done != nil {
+		r.Done <- r
+		return
+	}
+	p.results <- r
+}
 
-func (p *KafkaProducer) fail(r *Record, err error) {
+func (p *Producer) fail(r *Record, err error) {
 	r.Err = err
 	p.emit(r)
 }
 
 // add routes a new record.
-func (p *KafkaProducer) add(r *Record) {
+func (p *Producer) add(r *Record) {
 	if p.closingNow() {
 		p.fail(r, p.closedErr(r))
 		return
@@ -357,7 +364,7 @@ func (p *KafkaProducer) add(r *Record) {
 	}
 }
 
-func (p *KafkaProducer) closingNow() bool {
+func (p *Producer) closingNow() bool {
 	select {
 	case <-p.closing:
 		return true
@@ -367,7 +374,7 @@ func (p *KafkaProducer) closingNow() bool {
 }
 
 // recordErr is the error of r, sent in a batch that failed for cause.
-func (p *KafkaProducer) recordErr(r *Record, cause error) error {
+func (p *Producer) recordErr(r *Record, cause error) error {
 	if pe := (*PoisonError)(nil); errors.As(cause, &pe) && pe.OutboxID == r.OutboxID && pe.Topic == r.Topic {
 		return cause
 	}
@@ -378,14 +385,14 @@ func (p *KafkaProducer) recordErr(r *Record, cause error) error {
 }
 
 // stoppedErr is the error of r, never sent because its partition stopped.
-func (p *KafkaProducer) stoppedErr(r *Record, cause error) error {
+func (p *Producer) stoppedErr(r *Record, cause error) error {
 	if errors.Is(cause, ErrProducerClosed) {
 		return p.closedErr(r)
 	}
 	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: errPartitionStopped}
 }
 
-func (p *KafkaProducer) route(t *topicState, r *Record) {
+func (p *Producer) route(t *topicState, r *Record) {
 	part := int32(murmur2(r.Key)&0x7fffffff) % t.partitions
 	ps := t.parts[part]
 	if ps == nil {
@@ -417,7 +424,7 @@ func (p *KafkaProducer) route(t *topicState, r *Record) {
 
 // poison refuses r for good: alone when the pipeline continues after poison,
 // otherwise together with everything behind it in its partition.
-func (p *KafkaProducer) poison(ps *partitionState, r *Record, cause error) {
+func (p *Producer) poison(ps *partitionState, r *Record, cause error) {
 	err := &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: cause}
 	if p.cfg.ContinueAfterPoison {
 		p.fail(r, err)
@@ -430,7 +437,7 @@ func (p *KafkaProducer) poison(ps *partitionState, r *Record, cause error) {
 // stopPartition fails the partition's batch and queue; every later record of
 // the partition fails at once. (A partition whose failed is set with a
 // queue still sends that queue: see route.)
-func (p *KafkaProducer) stopPartition(ps *partitionState, cause error) {
+func (p *Producer) stopPartition(ps *partitionState, cause error) {
 	if ps.failed == nil {
 		ps.failed = cause
 	}
@@ -447,7 +454,7 @@ func (p *KafkaProducer) stopPartition(ps *partitionState, cause error) {
 }
 
 // resolve starts a metadata refresh for t unless one runs or is backing off.
-func (p *KafkaProducer) resolve(t *topicState) {
+func (p *Producer) resolve(t *topicState) {
 	if t.resolving || p.now().Before(t.resolveAt) {
 		return
 	}
@@ -475,7 +482,7 @@ func (p *KafkaProducer) resolve(t *topicState) {
 	}()
 }
 
-func (p *KafkaProducer) handleMeta(m topicMeta) {
+func (p *Producer) handleMeta(m topicMeta) {
 	t := p.topics[m.topic]
 	t.resolving = false
 	now := p.now()
@@ -558,14 +565,14 @@ func (p *KafkaProducer) handleMeta(m topicMeta) {
 }
 
 // retryBackoff grows from RetryBackoff to RetryBackoffMax, with jitter.
-func (p *KafkaProducer) retryBackoff(attempt int) time.Duration {
-	return Jitter(Exponential(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt))
+func (p *Producer) retryBackoff(attempt int) time.Duration {
+	return backoff.Jitter(backoff.Exponential(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt))
 }
 
 // schedule sends one request to every idle broker that leads a partition
 // with something to send, and returns when it next needs to run (zero: no
 // timer).
-func (p *KafkaProducer) schedule() time.Time {
+func (p *Producer) schedule() time.Time {
 	now := p.now()
 	var wake time.Time
 	soon := func(t time.Time) {
@@ -635,7 +642,7 @@ const recordOverhead = 5 * 8
 // batchOverhead is a record batch's header.
 const batchOverhead = 61
 
-func (p *KafkaProducer) send(bs *brokerState, parts []*partitionState) {
+func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 	req := &sarama.ProduceRequest{
 		RequiredAcks: sarama.WaitForAll,
 		Timeout:      int32(p.conf.Producer.Timeout / time.Millisecond),
@@ -671,7 +678,7 @@ func (p *KafkaProducer) send(bs *brokerState, parts []*partitionState) {
 }
 
 // newBatch takes the next records of ps's queue, up to MaxMessageBytes.
-func (p *KafkaProducer) newBatch(ps *partitionState) *batch {
+func (p *Producer) newBatch(ps *partitionState) *batch {
 	limit := p.cfg.MaxMessageBytes - batchOverhead
 	n, size := 0, 0
 	for n < len(ps.queue) {
@@ -788,7 +795,7 @@ func leaderMoved(err error) bool {
 		errors.Is(err, sarama.ErrBrokerNotAvailable)
 }
 
-func (p *KafkaProducer) handleResponse(pr produceResponse) {
+func (p *Producer) handleResponse(pr produceResponse) {
 	if bs := p.brokers[pr.broker.ID()]; bs != nil {
 		bs.busy = false
 	}
@@ -867,7 +874,7 @@ func (p *KafkaProducer) handleResponse(pr produceResponse) {
 
 // retry schedules ps's batch to be sent again, unchanged, unless it has
 // failed for longer than the delivery timeout or the producer is closing.
-func (p *KafkaProducer) retry(ps *partitionState, err error, refresh, closing bool) {
+func (p *Producer) retry(ps *partitionState, err error, refresh, closing bool) {
 	ps.batch.inFlight = false
 	if closing {
 		p.stopPartition(ps, ErrProducerClosed)

@@ -1,4 +1,4 @@
-package main
+package kafka
 
 import (
 	"context"
@@ -17,27 +17,26 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/xdg-go/scram"
 	"go.uber.org/zap"
-
-	"github.com/outboxd/outboxd/publisher"
 )
 
-// kafkaSecurity is how outboxd authenticates to Kafka and protects the
+// Security is how a client authenticates to Kafka and protects the
 // connection: TLS (server verification against a CA, optional client
-// certificate) and SASL PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
-type kafkaSecurity struct {
-	TLS            bool
-	CAFile         string
-	CertFile       string
-	KeyFile        string
-	ServerName     string
-	SASLMechanism  string
-	SASLUser       string
-	SASLPassword   string // secret
-	SASLPassFile   string
-	saslPassLoaded string // SASLPassword or the file's content
+// certificate) and SASL PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. outboxd, the
+// poller and the consumer package share it, with the same flags.
+type Security struct {
+	TLS              bool
+	CAFile           string
+	CertFile         string
+	KeyFile          string
+	ServerName       string
+	SASLMechanism    string
+	SASLUser         string
+	SASLPassword     string // secret
+	SASLPasswordFile string
 }
 
-func addKafkaSecurityFlags(fs *flag.FlagSet, s *kafkaSecurity) {
+// AddFlags binds the --kafka-tls-* and --kafka-sasl-* flags to s.
+func (s *Security) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&s.TLS, "kafka-tls", false, "connect to Kafka over TLS (implied by any other --kafka-tls-* flag)")
 	fs.StringVar(&s.CAFile, "kafka-tls-ca-file", "", "PEM file of the CA certificates that verify the brokers (default: the system's)")
 	fs.StringVar(&s.CertFile, "kafka-tls-cert-file", "", "PEM client certificate, for brokers that require one (with --kafka-tls-key-file)")
@@ -46,57 +45,71 @@ func addKafkaSecurityFlags(fs *flag.FlagSet, s *kafkaSecurity) {
 	fs.StringVar(&s.SASLMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty: no SASL")
 	fs.StringVar(&s.SASLUser, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&s.SASLPassword, "kafka-sasl-password", "", "SASL password (secret: prefer the environment or --kafka-sasl-password-file over the command line)")
-	fs.StringVar(&s.SASLPassFile, "kafka-sasl-password-file", "", "file holding the SASL password (one line)")
+	fs.StringVar(&s.SASLPasswordFile, "kafka-sasl-password-file", "", "file holding the SASL password (one line)")
 }
 
 var saslMechanisms = []string{sarama.SASLTypePlaintext, sarama.SASLTypeSCRAMSHA256, sarama.SASLTypeSCRAMSHA512}
 
-func (s *kafkaSecurity) tlsEnabled() bool {
+// TLSEnabled reports whether any TLS setting is set.
+func (s Security) TLSEnabled() bool {
 	return s.TLS || s.CAFile != "" || s.CertFile != "" || s.KeyFile != "" || s.ServerName != ""
 }
 
-// validate checks the settings and reads the password file. It never quotes
-// the password.
-func (s *kafkaSecurity) validate() error {
+// Validate checks the settings and that the password file and the
+// certificates can be read. It never quotes the password.
+func (s Security) Validate() error {
+	_, err := s.password()
+	if err == nil && s.TLSEnabled() {
+		_, err = s.tlsConfig()
+	}
+	return err
+}
+
+// password checks the settings and returns the SASL password (from the file
+// when one is named).
+func (s Security) password() (string, error) {
 	var errs []error
+	var pass string
 	if (s.CertFile == "") != (s.KeyFile == "") {
 		errs = append(errs, errors.New("Kafka TLS: --kafka-tls-cert-file and --kafka-tls-key-file go together"))
 	}
-	s.SASLMechanism = strings.ToUpper(strings.TrimSpace(s.SASLMechanism))
+	mech := s.mechanism()
 	switch {
-	case s.SASLMechanism == "":
-		if s.SASLUser != "" || s.SASLPassword != "" || s.SASLPassFile != "" {
+	case mech == "":
+		if s.SASLUser != "" || s.SASLPassword != "" || s.SASLPasswordFile != "" {
 			errs = append(errs, errors.New("Kafka SASL: a user or password is set but no --kafka-sasl-mechanism (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)"))
 		}
-	case !slices.Contains(saslMechanisms, s.SASLMechanism):
+	case !slices.Contains(saslMechanisms, mech):
 		errs = append(errs, fmt.Errorf("Kafka SASL: unknown mechanism %q: use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", s.SASLMechanism))
 	default:
 		if s.SASLUser == "" {
 			errs = append(errs, errors.New("Kafka SASL: --kafka-sasl-username is empty"))
 		}
 		switch {
-		case s.SASLPassword != "" && s.SASLPassFile != "":
+		case s.SASLPassword != "" && s.SASLPasswordFile != "":
 			errs = append(errs, errors.New("Kafka SASL: set --kafka-sasl-password or --kafka-sasl-password-file, not both"))
-		case s.SASLPassFile != "":
-			b, err := os.ReadFile(s.SASLPassFile)
+		case s.SASLPasswordFile != "":
+			b, err := os.ReadFile(s.SASLPasswordFile)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("Kafka SASL: read --kafka-sasl-password-file: %w", err))
 			}
-			s.saslPassLoaded = strings.TrimRight(string(b), "\r\n")
-			if err == nil && s.saslPassLoaded == "" {
-				errs = append(errs, fmt.Errorf("Kafka SASL: --kafka-sasl-password-file %s is empty", s.SASLPassFile))
+			pass = strings.TrimRight(string(b), "\r\n")
+			if err == nil && pass == "" {
+				errs = append(errs, fmt.Errorf("Kafka SASL: --kafka-sasl-password-file %s is empty", s.SASLPasswordFile))
 			}
 		case s.SASLPassword != "":
-			s.saslPassLoaded = s.SASLPassword
+			pass = s.SASLPassword
 		default:
 			errs = append(errs, errors.New("Kafka SASL: no password: set OUTBOXD_KAFKA_SASL_PASSWORD or --kafka-sasl-password-file"))
 		}
 	}
-	return errors.Join(errs...)
+	return pass, errors.Join(errs...)
 }
 
+func (s Security) mechanism() string { return strings.ToUpper(strings.TrimSpace(s.SASLMechanism)) }
+
 // tlsConfig loads the certificates.
-func (s *kafkaSecurity) tlsConfig() (*tls.Config, error) {
+func (s Security) tlsConfig() (*tls.Config, error) {
 	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: s.ServerName}
 	if s.CAFile != "" {
 		pem, err := os.ReadFile(s.CAFile)
@@ -118,25 +131,23 @@ func (s *kafkaSecurity) tlsConfig() (*tls.Config, error) {
 	return c, nil
 }
 
-// configure returns the function that applies the settings to a sarama
-// configuration (publisher.KafkaConfig.Configure). Call validate first.
-func (s *kafkaSecurity) configure() (func(*sarama.Config), error) {
-	var tc *tls.Config
-	if s.tlsEnabled() {
-		var err error
-		if tc, err = s.tlsConfig(); err != nil {
-			return nil, err
-		}
+// Apply sets TLS and SASL on a sarama configuration: it loads the
+// certificates and the password.
+func (s Security) Apply(c *sarama.Config) error {
+	pass, err := s.password()
+	if err != nil {
+		return err
 	}
-	mech, user, pass := s.SASLMechanism, s.SASLUser, s.saslPassLoaded
-	return func(c *sarama.Config) {
-		if tc != nil {
-			c.Net.TLS.Enable = true
-			c.Net.TLS.Config = tc.Clone()
+	if s.TLSEnabled() {
+		tc, err := s.tlsConfig()
+		if err != nil {
+			return err
 		}
-		if mech == "" {
-			return
-		}
+		c.Net.TLS.Enable = true
+		c.Net.TLS.Config = tc
+	}
+	mech, user := s.mechanism(), s.SASLUser
+	if mech != "" {
 		c.Net.SASL.Enable = true
 		c.Net.SASL.Handshake = true
 		c.Net.SASL.Mechanism = sarama.SASLMechanism(mech)
@@ -148,17 +159,18 @@ func (s *kafkaSecurity) configure() (func(*sarama.Config), error) {
 		case sarama.SASLTypeSCRAMSHA512:
 			c.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{hash: scram.SHA512} }
 		}
-	}, nil
+	}
+	return nil
 }
 
-// describe is the security setup in a few words, for the startup log.
-func (s *kafkaSecurity) describe() string {
+// Describe is the security setup in a few words, for a startup log.
+func (s Security) Describe() string {
 	var parts []string
-	if s.tlsEnabled() {
+	if s.TLSEnabled() {
 		parts = append(parts, "TLS")
 	}
-	if s.SASLMechanism != "" {
-		parts = append(parts, fmt.Sprintf("SASL %s as %q", s.SASLMechanism, s.SASLUser))
+	if mech := s.mechanism(); mech != "" {
+		parts = append(parts, fmt.Sprintf("SASL %s as %q", mech, s.SASLUser))
 	}
 	if len(parts) == 0 {
 		return "plaintext, no authentication"
@@ -186,22 +198,33 @@ func (c *scramClient) Step(challenge string) (string, error) { return c.conv.Ste
 
 func (c *scramClient) Done() bool { return c.conv.Done() }
 
-// KafkaAuthError is a Kafka connection that failed for a reason a retry
-// cannot fix: authentication or TLS verification.
-type KafkaAuthError struct {
+// AuthError is a Kafka connection that failed for a reason a retry cannot
+// fix: authentication or TLS verification.
+type AuthError struct {
 	Msg string
 	Err error
 }
 
-func (e *KafkaAuthError) Error() string { return e.Msg + ": " + e.Err.Error() }
-func (e *KafkaAuthError) Unwrap() error { return e.Err }
+func (e *AuthError) Error() string { return e.Msg + ": " + e.Err.Error() }
+func (e *AuthError) Unwrap() error { return e.Err }
 
-// checkKafka connects to the brokers once with the producer's settings. A
-// failed authentication or TLS verification is returned as a
-// *KafkaAuthError, so that outboxd stops with one clear error instead of
-// retrying for ever; brokers that are merely unreachable are logged and left
-// to the service's restarts.
-func checkKafka(ctx context.Context, sc *sarama.Config, brokers []string, sec *kafkaSecurity, log *zap.Logger) error {
+// Check connects to the brokers once with cfg's settings (at most a
+// minute). A failed authentication or TLS verification is returned as an
+// *AuthError, so that a process stops with one clear error instead of
+// retrying for ever; brokers that are merely unreachable are logged and
+// left to the caller's restarts.
+func Check(ctx context.Context, cfg Config, log *zap.Logger) error {
+	sc, err := cfg.Sarama()
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	log.Info("connecting to Kafka", zap.Strings("brokers", cfg.Brokers), zap.String("security", cfg.Security.Describe()))
+	return check(ctx, sc, cfg.Brokers, cfg.Security, log)
+}
+
+func check(ctx context.Context, sc *sarama.Config, brokers []string, sec Security, log *zap.Logger) error {
 	c := *sc
 	c.Net.DialTimeout = 10 * time.Second
 	c.Metadata.Retry.Max = 1
@@ -237,16 +260,16 @@ func checkKafka(ctx context.Context, sc *sarama.Config, brokers []string, sec *k
 	switch {
 	case errors.Is(err, sarama.ErrSASLAuthenticationFailed), errors.Is(err, sarama.ErrUnsupportedSASLMechanism),
 		errors.Is(err, sarama.ErrIllegalSASLState):
-		return &KafkaAuthError{Msg: fmt.Sprintf("Kafka: SASL authentication as %q with %s failed (check --kafka-sasl-username, the password and --kafka-sasl-mechanism)",
-			sec.SASLUser, sec.SASLMechanism), Err: err}
+		return &AuthError{Msg: fmt.Sprintf("Kafka: SASL authentication as %q with %s failed (check --kafka-sasl-username, the password and --kafka-sasl-mechanism)",
+			sec.SASLUser, sec.mechanism()), Err: err}
 	case errors.As(err, &unknownAuth), errors.As(err, &hostErr), errors.As(err, &invalid), errors.As(err, &verifyErr):
-		return &KafkaAuthError{Msg: "Kafka: TLS verification of the broker failed (check --kafka-tls-ca-file and --kafka-tls-server-name)", Err: err}
-	case errors.As(err, &opErr) && opErr.Op == "remote error" && sec.tlsEnabled():
-		return &KafkaAuthError{Msg: "Kafka: the broker refused the TLS handshake (does it require a client certificate? check --kafka-tls-cert-file and --kafka-tls-key-file)", Err: err}
+		return &AuthError{Msg: "Kafka: TLS verification of the broker failed (check --kafka-tls-ca-file and --kafka-tls-server-name)", Err: err}
+	case errors.As(err, &opErr) && opErr.Op == "remote error" && sec.TLSEnabled():
+		return &AuthError{Msg: "Kafka: the broker refused the TLS handshake (does it require a client certificate? check --kafka-tls-cert-file and --kafka-tls-key-file)", Err: err}
 	case errors.As(err, &recordErr):
-		return &KafkaAuthError{Msg: "Kafka: the broker does not speak TLS on that port (drop --kafka-tls, or use its TLS listener)", Err: err}
+		return &AuthError{Msg: "Kafka: the broker does not speak TLS on that port (drop --kafka-tls, or use its TLS listener)", Err: err}
 	}
-	if errors.Is(err, io.EOF) && sec.SASLMechanism == "" && !sec.tlsEnabled() {
+	if errors.Is(err, io.EOF) && sec.mechanism() == "" && !sec.TLSEnabled() {
 		log.Warn("Kafka closed the connection at once: if this listener needs TLS or SASL, set --kafka-tls or --kafka-sasl-mechanism; the publisher will keep retrying",
 			zap.Strings("brokers", brokers), zap.Error(err))
 		return nil
@@ -258,16 +281,4 @@ func checkKafka(ctx context.Context, sc *sarama.Config, brokers []string, sec *k
 	}
 	log.Warn("Kafka connection check failed; the publisher will keep retrying", zap.Error(err))
 	return nil
-}
-
-// checkKafkaConfig runs checkKafka with the producer's sarama settings.
-func checkKafkaConfig(ctx context.Context, k publisher.KafkaConfig, sec *kafkaSecurity, log *zap.Logger) error {
-	sc, err := k.Sarama()
-	if err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	log.Info("connecting to Kafka", zap.Strings("brokers", k.Brokers), zap.String("security", sec.describe()))
-	return checkKafka(ctx, sc, k.Brokers, sec, log)
 }

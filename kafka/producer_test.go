@@ -1,4 +1,4 @@
-package publisher
+package kafka
 
 import (
 	"cmp"
@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap/zaptest"
 )
 
-// These tests run KafkaProducer against kfake, an in-process Kafka that
+// These tests run Producer against kfake, an in-process Kafka that
 // speaks the wire protocol and checks idempotent sequence numbers, and
 // inject faults into its produce path. The real-broker proofs are the
 // end-to-end tests in cmd/outboxd.
@@ -126,8 +126,8 @@ func startFakeKafka(t *testing.T, partitions int32, topics ...string) *fakeKafka
 	return f
 }
 
-func testKafkaConfig(brokers []string) KafkaConfig {
-	c := DefaultKafkaConfig()
+func testKafkaConfig(brokers []string) Config {
+	c := DefaultConfig()
 	c.Brokers = brokers
 	c.RetryBackoff = 2 * time.Millisecond
 	c.RetryBackoffMax = 10 * time.Millisecond
@@ -136,9 +136,9 @@ func testKafkaConfig(brokers []string) KafkaConfig {
 	return c
 }
 
-func newTestProducer(t *testing.T, cfg KafkaConfig) *KafkaProducer {
+func newTestProducer(t *testing.T, cfg Config) *Producer {
 	t.Helper()
-	p, err := NewKafkaProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+	p, err := NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,12 +154,11 @@ func newTestProducer(t *testing.T, cfg KafkaConfig) *KafkaProducer {
 // of a 1-partition topic (or wherever key puts it).
 func rec(id int64, topic, key string) *Record {
 	r := &Record{Topic: topic, Key: []byte(key), Value: []byte(strconv.FormatInt(id, 10)), OutboxID: id,
-		Headers: []Header{{Key: HeaderOutboxID, Value: []byte(strconv.FormatInt(id, 10))}}}
-	r.size = int64(r.Size())
+		Headers: []Header{{Key: "outbox-id", Value: []byte(strconv.FormatInt(id, 10))}}}
 	return r
 }
 
-func sendAll(t *testing.T, p *KafkaProducer, rs ...*Record) {
+func sendAll(t *testing.T, p *Producer, rs ...*Record) {
 	t.Helper()
 	for _, r := range rs {
 		if err := p.Send(context.Background(), r); err != nil {
@@ -168,7 +167,7 @@ func sendAll(t *testing.T, p *KafkaProducer, rs ...*Record) {
 	}
 }
 
-func results(t *testing.T, p *KafkaProducer, n int) []*Record {
+func results(t *testing.T, p *Producer, n int) []*Record {
 	t.Helper()
 	var out []*Record
 	timeout := time.After(10 * time.Second)
@@ -371,7 +370,7 @@ func TestKafkaProducerCloseReturnsEveryRecord(t *testing.T) {
 		f.c.KeepControl()
 		return nil, nil, true
 	})
-	p, err := NewKafkaProducer(testKafkaConfig(f.c.ListenAddrs()), zaptest.NewLogger(t), ProducerHooks{})
+	p, err := NewProducer(testKafkaConfig(f.c.ListenAddrs()), zaptest.NewLogger(t), ProducerHooks{})
 	if err != nil {
 		t.Fatal(err)
 	}

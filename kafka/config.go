@@ -1,17 +1,15 @@
-package publisher
+package kafka
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/IBM/sarama"
 )
 
-// KafkaConfig configures the sarama producer. Start from DefaultKafkaConfig.
-type KafkaConfig struct {
+// Config configures the sarama producer. Start from DefaultConfig.
+type Config struct {
 	Brokers  []string
 	ClientID string
 	// Version is the Kafka protocol version to speak. Kafka 4 removed the
@@ -44,15 +42,17 @@ type KafkaConfig struct {
 	// diverts it to the dead-letter topic) instead of stopping its
 	// partition. Set when a dead-letter topic is configured.
 	ContinueAfterPoison bool
-	// Configure, when set, is applied last (TLS, SASL, tests).
+	// Security: TLS and SASL.
+	Security Security
+	// Configure, when set, is applied last (tests).
 	Configure func(*sarama.Config)
 }
 
-// DefaultKafkaConfig returns the producer settings outboxd needs for
+// DefaultConfig returns the producer settings outboxd needs for
 // durability and per-key order: acks=all, idempotent, one request in flight
 // per broker, the Java client's partitioner.
-func DefaultKafkaConfig() KafkaConfig {
-	return KafkaConfig{
+func DefaultConfig() Config {
+	return Config{
 		ClientID:        "outboxd",
 		Version:         sarama.V4_1_0_0,
 		Compression:     "none",
@@ -65,7 +65,7 @@ func DefaultKafkaConfig() KafkaConfig {
 }
 
 // Validate checks the settings.
-func (c KafkaConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("no Kafka brokers: set --kafka-brokers (host:port,...)"))
@@ -86,11 +86,14 @@ func (c KafkaConfig) Validate() error {
 	if c.RequestTimeout < time.Millisecond {
 		errs = append(errs, fmt.Errorf("Kafka request timeout must be ≥ 1ms, got %s", c.RequestTimeout))
 	}
+	if err := c.Security.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
 // Sarama builds the sarama configuration.
-func (c KafkaConfig) Sarama() (*sarama.Config, error) {
+func (c Config) Sarama() (*sarama.Config, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -103,7 +106,7 @@ func (c KafkaConfig) Sarama() (*sarama.Config, error) {
 	sc.Net.MaxOpenRequests = 1
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
-	// For sarama's own producers (the dead-letterer); KafkaProducer
+	// For sarama's own producers (the dead-letterer); Producer
 	// retries by DeliveryTimeout.
 	sc.Producer.Retry.Max = 10
 	sc.Producer.Retry.Backoff = c.RetryBackoffMax
@@ -117,6 +120,9 @@ func (c KafkaConfig) Sarama() (*sarama.Config, error) {
 	sc.Producer.Partitioner = NewJavaPartitioner
 	sc.Producer.Flush.Frequency = c.Linger
 	_ = sc.Producer.Compression.UnmarshalText([]byte(c.Compression))
+	if err := c.Security.Apply(sc); err != nil {
+		return nil, err
+	}
 	if c.Configure != nil {
 		c.Configure(sc)
 	}
@@ -144,80 +150,3 @@ func saramaMessage(topic string, r *Record, extraHeaders ...sarama.RecordHeader)
 	}
 	return m
 }
-
-// permanent are the errors for which a retry of the same record can never
-// succeed.
-var permanent = []error{
-	sarama.ErrMessageSizeTooLarge,
-	sarama.ErrUnknownTopicOrPartition,
-	sarama.ErrInvalidTopic,
-	sarama.ErrMessageSetSizeTooLarge,
-	sarama.ErrInvalidRecord,
-	sarama.ErrInvalidTimestamp,
-}
-
-func classify(r *Record, err error) error {
-	// sarama refuses a record over Producer.MaxMessageBytes itself, with a
-	// ConfigurationError, before it reaches the broker.
-	var ce sarama.ConfigurationError
-	if errors.As(err, &ce) {
-		return &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
-	}
-	for _, p := range permanent {
-		if errors.Is(err, p) {
-			return &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
-		}
-	}
-	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: err}
-}
-
-// Dead-letter headers added to a diverted record.
-const (
-	HeaderDLQError         = "outboxd-error"
-	HeaderDLQOriginalTopic = "outboxd-original-topic"
-	HeaderDLQPayloadBytes  = "outboxd-payload-bytes"
-	HeaderDLQPayloadOmit   = "outboxd-payload-omitted"
-)
-
-// KafkaDeadLetterer sends poison records to the dead-letter topic with a
-// synchronous producer.
-type KafkaDeadLetterer struct {
-	topic    string
-	maxBytes int
-	sp       sarama.SyncProducer
-}
-
-// NewKafkaDeadLetterer connects a synchronous producer for topic.
-func NewKafkaDeadLetterer(cfg KafkaConfig, topic string) (*KafkaDeadLetterer, error) {
-	sc, err := cfg.Sarama()
-	if err != nil {
-		return nil, err
-	}
-	sp, err := sarama.NewSyncProducer(cfg.Brokers, sc)
-	if err != nil {
-		return nil, fmt.Errorf("kafka dead-letter producer: %w", err)
-	}
-	return &KafkaDeadLetterer{topic: topic, maxBytes: cfg.MaxMessageBytes, sp: sp}, nil
-}
-
-// DeadLetter implements DeadLetterer. The original key, value and headers are
-// kept; a value that made the record too large is omitted (it stays in the
-// outbox table) and its size is noted in a header.
-func (d *KafkaDeadLetterer) DeadLetter(_ context.Context, r *Record, cause error) error {
-	m := saramaMessage(d.topic, r,
-		sarama.RecordHeader{Key: []byte(HeaderDLQError), Value: []byte(cause.Error())},
-		sarama.RecordHeader{Key: []byte(HeaderDLQOriginalTopic), Value: []byte(r.Topic)},
-		sarama.RecordHeader{Key: []byte(HeaderDLQPayloadBytes), Value: strconv.AppendInt(nil, int64(len(r.Value)), 10)},
-	)
-	var ce sarama.ConfigurationError
-	if r.Size()+512 > d.maxBytes || errors.As(cause, &ce) ||
-		errors.Is(cause, sarama.ErrMessageSizeTooLarge) || errors.Is(cause, sarama.ErrMessageSetSizeTooLarge) {
-		m.Value = nil
-		m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(HeaderDLQPayloadOmit), Value: []byte("true")})
-	}
-	_, _, err := d.sp.SendMessage(m)
-	return err
-}
-
-// Close closes the producer.
-func (d *KafkaDeadLetterer) Close() error { return d.sp.Close() }

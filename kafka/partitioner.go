@@ -1,4 +1,4 @@
-package publisher
+package kafka
 
 import (
 	"math/rand/v2"

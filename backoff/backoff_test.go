@@ -1,4 +1,4 @@
-package publisher
+package backoff
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 )
 
 func TestBackoffDoublesUpToTheCapAndResetsAfterAHealthyRun(t *testing.T) {
-	b := NewBackoff(100*time.Millisecond, time.Second)
+	b := New(100*time.Millisecond, time.Second)
 	var got []time.Duration
 	for range 6 {
 		got = append(got, b.Next(0))
