@@ -42,6 +42,14 @@ type Config struct {
 	// diverts it to the dead-letter topic) instead of stopping its
 	// partition. Set when a dead-letter topic is configured.
 	ContinueAfterPoison bool
+	// TransactionalID, when set, makes the producer transactional (see
+	// Producer.Commit): exactly-once publishing. Two producers with the same
+	// id fence each other.
+	TransactionalID string
+	// TransactionTimeout is how long the coordinator lets a transaction stay
+	// open before it aborts it (capped by the brokers'
+	// transaction.max.timeout.ms, 15 min by default).
+	TransactionTimeout time.Duration
 	// Security: TLS and SASL.
 	Security Security
 	// Configure, when set, is applied last (tests).
@@ -61,6 +69,8 @@ func DefaultConfig() Config {
 		RetryBackoffMax: time.Second,
 		DeliveryTimeout: 2 * time.Minute,
 		RequestTimeout:  10 * time.Second,
+
+		TransactionTimeout: time.Minute,
 	}
 }
 

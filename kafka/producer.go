@@ -75,11 +75,17 @@ type Producer struct {
 	stopped chan struct{} // closed when run returns
 	results chan *Record
 
+	txnCtl chan *txnRequest
+	added  chan addResult
+	ended  chan error
+
 	// Owned by the run goroutine.
-	topics   map[string]*topicState
-	brokers  map[int32]*brokerState
-	inflight int // requests in flight
-	now      func() time.Time
+	txn         txnState
+	outstanding int // records accepted and not yet back
+	topics      map[string]*topicState
+	brokers     map[int32]*brokerState
+	inflight    int // requests in flight
+	now         func() time.Time
 }
 
 // ProducerHooks observe the producer; any may be nil. They are called from
@@ -166,23 +172,17 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
-	idResp, err := client.InitProducerID()
-	if err == nil && !errors.Is(idResp.Err, sarama.ErrNoError) {
-		err = idResp.Err
-	}
-	if err != nil {
-		client.Close()
-		return nil, fmt.Errorf("kafka producer: init producer id: %w", err)
-	}
 	p := &Producer{
 		cfg:     cfg,
 		conf:    conf,
 		client:  client,
 		log:     log,
 		hooks:   hooks,
-		pid:     idResp.ProducerID,
-		epoch:   idResp.ProducerEpoch,
 		version: produceVersion(conf.Version),
+		txnCtl:  make(chan *txnRequest),
+		added:   make(chan addResult),
+		ended:   make(chan error),
+		txn:     txnState{added: map[topicPartition]bool{}},
 		in:      make(chan *Record, 256),
 		resp:    make(chan produceResponse),
 		meta:    make(chan topicMeta),
@@ -192,6 +192,21 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 		topics:  make(map[string]*topicState),
 		brokers: make(map[int32]*brokerState),
 		now:     time.Now,
+	}
+	if cfg.TransactionalID != "" {
+		err = p.initTransactional()
+	} else {
+		var resp *sarama.InitProducerIDResponse
+		if resp, err = client.InitProducerID(); err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
+			err = resp.Err
+		}
+		if err == nil {
+			p.pid, p.epoch = resp.ProducerID, resp.ProducerEpoch
+		}
+	}
+	if err != nil {
+		client.Close()
+		return nil, fmt.Errorf("kafka producer: init producer id: %w", err)
 	}
 	go p.run()
 	return p, nil
@@ -251,7 +266,7 @@ func (p *Producer) run() {
 	closing := p.closing
 	for {
 		if closing == nil {
-			if p.inflight == 0 {
+			if p.inflight == 0 && !p.txn.endBusy {
 				return // metadata refreshes still running give up on stopped
 			}
 		} else {
@@ -266,11 +281,18 @@ func (p *Producer) run() {
 			p.handleResponse(pr)
 		case m := <-p.meta:
 			p.handleMeta(m)
+		case req := <-p.txnCtl:
+			p.txn.ending = req
+		case r := <-p.added:
+			p.handleAdded(r)
+		case err := <-p.ended:
+			p.handleEnded(err)
 		case <-timer.C:
 		case <-closing:
 			closing = nil
 			p.shutdown()
 		}
+		p.maybeEndTxn()
 	}
 }
 
@@ -290,6 +312,10 @@ func resetTimer(t *time.Timer, wake, now time.Time) {
 
 // shutdown fails everything not in flight and aborts the requests in flight.
 func (p *Producer) shutdown() {
+	if req := p.txn.ending; req != nil && !p.txn.endBusy {
+		p.txn.ending = nil
+		req.done <- ErrProducerClosed
+	}
 	for _, t := range p.topics {
 		for _, r := range t.pending {
 			p.fail(r, p.closedErr(r))
@@ -330,6 +356,7 @@ func (p *Producer) closedErr(r *Record) error {
 }
 
 func (p *Producer) emit(r *Record) {
+	p.outstanding--
 	if r.Done != nil {
 		r.Done <- r
 		return
@@ -344,8 +371,13 @@ func (p *Producer) fail(r *Record, err error) {
 
 // add routes a new record.
 func (p *Producer) add(r *Record) {
+	p.outstanding++
 	if p.closingNow() {
 		p.fail(r, p.closedErr(r))
+		return
+	}
+	if p.txn.failed != nil {
+		p.fail(r, &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: fmt.Errorf("%w: %w", ErrTxnFailed, p.txn.failed)})
 		return
 	}
 	t := p.topics[r.Topic]
@@ -581,6 +613,7 @@ func (p *Producer) schedule() time.Time {
 		}
 	}
 	ready := make(map[int32][]*partitionState)
+	needAdd := map[topicPartition]bool{}
 	for _, t := range p.topics {
 		if !t.resolving && !t.resolveAt.IsZero() && (len(t.pending) > 0 || t.needsLeader()) {
 			if now.Before(t.resolveAt) {
@@ -607,6 +640,9 @@ func (p *Producer) schedule() time.Time {
 					continue
 				}
 			}
+			if !p.txnPartitionReady(ps, needAdd) {
+				continue
+			}
 			id := ps.leader.ID()
 			bs := p.brokers[id]
 			if bs == nil {
@@ -620,6 +656,7 @@ func (p *Producer) schedule() time.Time {
 			ready[id] = append(ready[id], ps)
 		}
 	}
+	p.startAdd(needAdd)
 	for id, parts := range ready {
 		p.send(p.brokers[id], parts)
 	}
@@ -647,6 +684,10 @@ func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 		RequiredAcks: sarama.WaitForAll,
 		Timeout:      int32(p.conf.Producer.Timeout / time.Millisecond),
 		Version:      p.version,
+	}
+	if p.cfg.TransactionalID != "" {
+		id := p.cfg.TransactionalID
+		req.TransactionalID = &id
 	}
 	for _, ps := range parts {
 		if ps.batch == nil {
@@ -712,6 +753,7 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 		FirstTimestamp:  first,
 		MaxTimestamp:    first,
 		LastOffsetDelta: int32(n - 1),
+		IsTransactional: p.cfg.TransactionalID != "",
 		Records:         make([]*sarama.Record, n),
 	}
 	_ = rb.Codec.UnmarshalText([]byte(p.cfg.Compression))
@@ -864,7 +906,13 @@ func (p *Producer) handleResponse(pr produceResponse) {
 		case outcomeFatal:
 			p.log.Error("kafka refused a batch for good: failing the partition's records",
 				zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition), zap.Error(err))
+			if fenced(err) {
+				err = fmt.Errorf("%w: %w", ErrFenced, err)
+			}
 			p.stopPartition(ps, err)
+			if p.cfg.TransactionalID != "" {
+				p.failTxn(err)
+			}
 		}
 		if closing {
 			p.stopPartition(ps, ErrProducerClosed)
@@ -889,7 +937,11 @@ func (p *Producer) retry(ps *partitionState, err error, refresh, closing bool) {
 		p.log.Error("kafka produce kept failing for the delivery timeout: failing the partition's records; the pipeline restarts from the last confirmed position",
 			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition),
 			zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Int("attempts", ps.attempts), zap.Error(err))
-		p.stopPartition(ps, fmt.Errorf("delivery timeout %s after %d attempts: %w", p.cfg.DeliveryTimeout, ps.attempts, err))
+		err = fmt.Errorf("delivery timeout %s after %d attempts: %w", p.cfg.DeliveryTimeout, ps.attempts, err)
+		p.stopPartition(ps, err)
+		if p.cfg.TransactionalID != "" {
+			p.failTxn(err)
+		}
 		return
 	}
 	ps.retryAt = now.Add(p.retryBackoff(ps.attempts))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 )
@@ -423,5 +424,88 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// readCommitted reads every committed record of topic (read_committed) with
+// franz-go's client, as a consumer would.
+func readCommitted(t *testing.T, brokers []string, topic string, want int) []string {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got []string
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	for len(got) < want || want == 0 {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		fs.EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	return got
+}
+
+func txnConfig(brokers []string, id string) Config {
+	c := testKafkaConfig(brokers)
+	c.TransactionalID = id
+	return c
+}
+
+// A transaction's records are visible to read_committed consumers once
+// Commit returned, and never when it was aborted.
+func TestKafkaProducerTransactionCommitAndAbort(t *testing.T) {
+	f := startFakeKafka(t, 2, "t")
+	p := newTestProducer(t, txnConfig(f.c.ListenAddrs(), "tx-1"))
+	sendAll(t, p, rec(1, "t", "a"), rec(2, "t", "b"))
+	for _, r := range results(t, p, 2) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if err := p.Commit(context.Background()); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	sendAll(t, p, rec(3, "t", "a"))
+	results(t, p, 1)
+	if err := p.Abort(context.Background()); err != nil {
+		t.Fatalf("Abort: %v", err)
+	}
+	sendAll(t, p, rec(4, "t", "a"))
+	results(t, p, 1)
+	if err := p.Commit(context.Background()); err != nil {
+		t.Fatalf("second Commit: %v", err)
+	}
+	got := readCommitted(t, f.c.ListenAddrs(), "t", 3)
+	slices.Sort(got)
+	if fmt.Sprint(got) != "[1 2 4]" {
+		t.Fatalf("read_committed saw %v, want [1 2 4] (3 was aborted)", got)
+	}
+}
+
+// A second producer with the same transactional id fences the first: its
+// next commit fails with ErrFenced, and what it wrote is never visible.
+func TestKafkaProducerTransactionZombieIsFenced(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	a := newTestProducer(t, txnConfig(f.c.ListenAddrs(), "tx-z"))
+	sendAll(t, a, rec(1, "t", "a"))
+	results(t, a, 1)
+	b := newTestProducer(t, txnConfig(f.c.ListenAddrs(), "tx-z")) // aborts a's open transaction
+	sendAll(t, a, rec(2, "t", "a"))
+	results(t, a, 1)
+	if err := a.Commit(context.Background()); !errors.Is(err, ErrFenced) && !errors.Is(err, ErrTxnFailed) {
+		t.Fatalf("zombie's Commit: %v, want fenced", err)
+	}
+	sendAll(t, b, rec(3, "t", "a"))
+	results(t, b, 1)
+	if err := b.Commit(context.Background()); err != nil {
+		t.Fatalf("new producer's Commit: %v", err)
+	}
+	if got := readCommitted(t, f.c.ListenAddrs(), "t", 1); fmt.Sprint(got) != "[3]" {
+		t.Fatalf("read_committed saw %v, want only [3]", got)
 	}
 }
