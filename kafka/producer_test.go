@@ -509,3 +509,38 @@ func TestKafkaProducerTransactionZombieIsFenced(t *testing.T) {
 		t.Fatalf("read_committed saw %v, want only [3]", got)
 	}
 }
+
+// ReadCompacted sees what a read_committed reader sees: the last committed
+// value per key, nothing of an aborted transaction.
+func TestReadCompactedSkipsAbortedTransactions(t *testing.T) {
+	f := startFakeKafka(t, 1, "cp")
+	cfg := txnConfig(f.c.ListenAddrs(), "tx-cp")
+	p := newTestProducer(t, cfg)
+	put := func(key, value string) {
+		r := &Record{Topic: "cp", Key: []byte(key), Value: []byte(value)}
+		sendAll(t, p, r)
+		if r := results(t, p, 1)[0]; r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	put("a", "1")
+	put("b", "1")
+	if err := p.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	put("a", "2")
+	if err := p.Abort(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	put("b", "3")
+	if err := p.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadCompacted(context.Background(), testKafkaConfig(f.c.ListenAddrs()), "cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got["a"]) != "1" || string(got["b"]) != "3" || len(got) != 2 {
+		t.Fatalf("ReadCompacted = %q, want a=1 (a=2 was aborted) b=3", got)
+	}
+}
