@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testproc"
 )
 
 // latencyResult is one source at one load.
@@ -110,12 +112,12 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 			cons.close()
 		}
 	}()
-	pub, err := startChild(r.bin, r.publisherArgs(db, uniqueName("bench"), s))
+	pub, err := testproc.Launch(r.bin, r.publisherArgs(db, uniqueName("bench"), s))
 	if err != nil {
 		return fail(err)
 	}
 	defer func() {
-		if code := pub.stop(30 * time.Second); res.ExitCode == -1 {
+		if code := pub.Terminate(30 * time.Second); res.ExitCode == -1 {
 			res.ExitCode = code
 		}
 	}()
@@ -127,18 +129,18 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		if pids, err := publisherBackends(ctx, conn, db.Name); err == nil && len(pids) > 0 {
 			break
 		}
-		if pub.exited() || time.Now().After(deadline) {
-			return fail(fmt.Errorf("publisher not connected within 60s: %s", pub.tail(5)))
+		if pub.Exited() || time.Now().After(deadline) {
+			return fail(fmt.Errorf("publisher not connected within 60s: %s", pub.Tail(5)))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	warm := 0
 	for deadline := time.Now().Add(60 * time.Second); cons.count() == 0; {
-		if pub.exited() {
-			return fail(fmt.Errorf("publisher exited during warm-up: %s", pub.tail(5)))
+		if pub.Exited() {
+			return fail(fmt.Errorf("publisher exited during warm-up: %s", pub.Tail(5)))
 		}
 		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("no record within 60s of start: %s", pub.tail(5)))
+			return fail(fmt.Errorf("no record within 60s of start: %s", pub.Tail(5)))
 		}
 		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('warm', $1, '{}')`, topic); err != nil {
 			return fail(err)
@@ -168,7 +170,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		return fail(err)
 	}
 	pg0 := backendsCPU(pids)
-	cpu0, err := cpuTime(pub.pid())
+	cpu0, err := testproc.CPUTime(pub.PID())
 	if err != nil {
 		return fail(err)
 	}
@@ -181,17 +183,17 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	res.Written = len(rows)
 	res.AchievedRate = float64(len(rows)) / res.WriteSeconds
 	complete := cons.waitFor(warm+len(rows), 60*time.Second)
-	cpu1, err := cpuTime(pub.pid())
+	cpu1, err := testproc.CPUTime(pub.PID())
 	if err != nil {
-		return fail(fmt.Errorf("publisher exited: %s", pub.tail(5)))
+		return fail(fmt.Errorf("publisher exited: %s", pub.Tail(5)))
 	}
 	pg1 := backendsCPU(pids)
-	if rss, err := peakRSS(pub.pid()); err == nil {
+	if rss, err := testproc.PeakRSS(pub.PID()); err == nil {
 		res.PeakRSSMiB = float64(rss) / (1 << 20)
 	}
-	res.ExitCode = pub.stop(30 * time.Second)
+	res.ExitCode = pub.Terminate(30 * time.Second)
 	if res.ExitCode != 0 {
-		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.tail(5))
+		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.Tail(5))
 	}
 	waitNoBackends(ctx, conn, db.Name, 10*time.Second)
 	if res.PG, err = publisherStatements(ctx, conn); err != nil {

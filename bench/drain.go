@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -171,23 +172,23 @@ func (r *runner) drains(ctx context.Context) []drainResult {
 // ceiling runs the ceiling child on the backlog.
 func (r *runner) ceiling(ctx context.Context, db *database, slotName, pubName string) drainResult {
 	res := drainResult{Source: ceilingName, Rows: r.plan.DrainRows, LoadBefore: loadAvg()}
-	c, err := startChild(r.self, []string{"-dsn", db.DSN, "-slot", slotName, "-publication", pubName,
+	c, err := testproc.Launch(r.self, []string{"-dsn", db.DSN, "-slot", slotName, "-publication", pubName,
 		"-want", fmt.Sprint(r.plan.DrainRows)}, childEnv+"=ceiling")
 	if err != nil {
 		res.Err = err.Error()
 		return res
 	}
-	<-c.done
+	<-c.Done()
 	res.LoadAfter = loadAvg()
-	res.ExitCode = c.state.ExitCode()
-	if ru, ok := c.state.SysUsage().(*syscall.Rusage); ok {
+	res.ExitCode = c.State().ExitCode()
+	if ru, ok := c.State().SysUsage().(*syscall.Rusage); ok {
 		res.CPUSeconds = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
 		res.PeakRSSMiB = float64(ru.Maxrss) / 1024 // KiB on Linux
 	}
 	var co ceilingOutput
-	lines := strings.Split(strings.TrimSpace(c.out.String()), "\n")
+	lines := strings.Split(strings.TrimSpace(c.Output()), "\n")
 	if res.ExitCode != 0 || json.Unmarshal([]byte(lines[len(lines)-1]), &co) != nil {
-		res.Err = fmt.Sprintf("ceiling child exited %d: %s", res.ExitCode, c.tail(5))
+		res.Err = fmt.Sprintf("ceiling child exited %d: %s", res.ExitCode, c.Tail(5))
 		r.logf("  %s: %s", ceilingName, res.Err)
 		return res
 	}
@@ -216,7 +217,8 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 	}
 	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
 		"--slot", slotName, "--publication", pubName, "--log-level", "info"}
-	pub, err := startChild(r.bin, append(args, s.args()...))
+	started := time.Now()
+	pub, err := testproc.Launch(r.bin, append(args, s.args()...))
 	if err != nil {
 		res.Err = err.Error()
 		return res
@@ -229,10 +231,10 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		if err == nil && n >= want {
 			break
 		}
-		if pub.exited() || time.Now().After(deadline) {
+		if pub.Exited() || time.Now().After(deadline) {
 			res.Err = fmt.Sprintf("%d of %d rows in Kafka when the publisher %s: %s", n-(want-int64(r.plan.DrainRows)), r.plan.DrainRows,
-				map[bool]string{true: "exited", false: "timed out"}[pub.exited()], pub.tail(5))
-			res.ExitCode = pub.stop(30 * time.Second)
+				map[bool]string{true: "exited", false: "timed out"}[pub.Exited()], pub.Tail(5))
+			res.ExitCode = pub.Terminate(30 * time.Second)
 			r.logf("  drain %s: %s", s.Name, res.Err)
 			return res
 		}
@@ -242,23 +244,23 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	res.Seconds = time.Since(pub.started).Seconds()
+	res.Seconds = time.Since(started).Seconds()
 	res.EventsPerSec = float64(r.plan.DrainRows) / res.Seconds
-	if c, err := cpuTime(pub.pid()); err == nil {
+	if c, err := testproc.CPUTime(pub.PID()); err == nil {
 		res.CPUSeconds = c.Seconds()
 		res.CPUMsPer1k = res.CPUSeconds * 1e6 / float64(r.plan.DrainRows)
 	}
-	if rss, err := peakRSS(pub.pid()); err == nil {
+	if rss, err := testproc.PeakRSS(pub.PID()); err == nil {
 		res.PeakRSSMiB = float64(rss) / (1 << 20)
 	}
 	if c := backendsCPU(pids); c > pgCPU {
 		pgCPU = c
 	}
 	res.PGCPUSeconds = pgCPU.Seconds()
-	res.ExitCode = pub.stop(30 * time.Second)
+	res.ExitCode = pub.Terminate(30 * time.Second)
 	res.LoadAfter = loadAvg()
 	if res.ExitCode != 0 {
-		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.tail(5))
+		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.Tail(5))
 	}
 	res.PG, _ = publisherStatements(ctx, conn)
 	r.logf("  drain %-28s %8.0f ev/s  %6.2fs  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/testproc"
 )
 
 // Application names the publisher's connections carry: the replication
@@ -36,7 +38,7 @@ func waitNoBackends(ctx context.Context, conn *pgx.Conn, db string, timeout time
 func backendsCPU(pids []int) time.Duration {
 	var sum time.Duration
 	for _, p := range pids {
-		if c, err := cpuTime(p); err == nil {
+		if c, err := testproc.CPUTime(p); err == nil {
 			sum += c
 		}
 	}

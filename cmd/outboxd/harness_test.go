@@ -5,15 +5,11 @@ package main
 // kill it for real where a crash is the point.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/migrations"
 )
 
@@ -42,124 +39,81 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	binPath = filepath.Join(dir, "outboxd")
 	// The daemon under test is built with the race detector, unless a
 	// measurement asks for the real speed.
-	buildArgs := []string{"build", "-race", "-o", binPath, "."}
+	build := testproc.Build
 	if os.Getenv("OUTBOXD_E2E_NORACE") != "" {
-		buildArgs = []string{"build", "-o", binPath, "."}
+		build = testproc.BuildNoRace
 	}
-	build := exec.Command("go", buildArgs...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	bins, err := build(dir, "./cmd/outboxd")
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "build outboxd:", err)
 		os.Exit(1)
 	}
+	binPath = bins["outboxd"]
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
 
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// daemon is one outboxd process.
+// daemon is one outboxd process, run by testproc.
 type daemon struct {
-	t    testing.TB
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{}
+	t   testing.TB
+	p   *testproc.Proc
+	out output // what it printed: d.out.String()
+	// code is the exit code, set before done is closed (so it may be read
+	// once exited or wait saw the exit).
 	code int
+	done chan struct{}
 }
 
+// startDaemon starts outboxd with args (and no OUTBOXD_* environment); it
+// is killed at cleanup if still running.
 func startDaemon(t testing.TB, args ...string) *daemon {
 	t.Helper()
-	d := &daemon{t: t, out: &syncBuffer{}, done: make(chan struct{})}
-	d.cmd = exec.Command(binPath, args...)
-	d.cmd.Env = cleanEnv()
-	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
-	if err := d.cmd.Start(); err != nil {
-		t.Fatalf("start outboxd: %v", err)
-	}
+	p := testproc.Start(t, binPath, args...)
+	d := &daemon{t: t, p: p, out: output{p}, done: make(chan struct{})}
 	go func() {
-		_ = d.cmd.Wait()
-		d.code = d.cmd.ProcessState.ExitCode()
+		<-p.Done()
+		d.code = p.ExitCode()
 		close(d.done)
 	}()
-	t.Cleanup(func() {
-		select {
-		case <-d.done:
-		default:
-			_ = d.cmd.Process.Kill()
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("outboxd pid %d output:\n%s", d.cmd.Process.Pid, d.out.String())
-		}
-	})
 	return d
 }
 
-// cleanEnv is the environment without OUTBOXD_* settings, so only the flags
-// a test passes count.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "OUTBOXD_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
+// output is a process's output so far as a fmt.Stringer.
+type output struct{ p *testproc.Proc }
 
-func (d *daemon) pid() int { return d.cmd.Process.Pid }
+func (o output) String() string { return o.p.Output() }
+
+func (d *daemon) pid() int { return d.p.PID() }
 
 func (d *daemon) exited() bool {
-	select {
-	case <-d.done:
-		return true
-	default:
+	if !d.p.Exited() {
 		return false
 	}
+	<-d.done // d.code is set
+	return true
 }
 
 // wait waits for the process to exit and returns its exit code.
 func (d *daemon) wait(timeout time.Duration) int {
 	d.t.Helper()
-	select {
-	case <-d.done:
-		return d.code
-	case <-time.After(timeout):
-		d.t.Fatalf("outboxd did not exit within %s", timeout)
-		return -1
-	}
+	d.p.Wait(timeout)
+	<-d.done
+	return d.code
 }
 
 func (d *daemon) kill9() {
 	d.t.Helper()
-	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	_ = d.p.Kill()
 	d.wait(10 * time.Second)
 }
 
 // stop sends SIGTERM and asserts a clean exit.
 func (d *daemon) stop() {
 	d.t.Helper()
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.p.Signal(syscall.SIGTERM)
 	if code := d.wait(60 * time.Second); code != 0 {
 		d.t.Fatalf("outboxd exited %d after SIGTERM, want 0", code)
 	}
@@ -168,32 +122,16 @@ func (d *daemon) stop() {
 // waitLog waits until the output contains s.
 func (d *daemon) waitLog(s string, timeout time.Duration) {
 	d.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !strings.Contains(d.out.String(), s) {
-		if time.Now().After(deadline) {
-			d.t.Fatalf("outboxd did not log %q within %s", s, timeout)
-		}
-		if d.exited() {
-			d.t.Fatalf("outboxd exited (%d) before logging %q", d.code, s)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	d.p.WaitOutput(s, timeout)
 }
 
-// peakRSS is the process's peak resident set size in bytes.
+// peakRSS is the process's peak resident set size in bytes (-1 if unknown).
 func (d *daemon) peakRSS() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.pid()))
+	rss, err := testproc.PeakRSS(d.pid())
 	if err != nil {
 		return -1
 	}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return -1
+	return rss
 }
 
 // env is one test's outbox: its own database, slot, publication and topic.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testproc"
 )
 
 // withPassword puts a password into a postgres:// DSN. The dev stack trusts
@@ -219,10 +220,7 @@ func TestRunAsLeastPrivilegeRole(t *testing.T) {
 // returns its exit code and all its output.
 func runEnv(t *testing.T, extraEnv []string, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, binPath, args...)
-	cmd.Env = append(cleanEnv(), extraEnv...)
-	out, _ := cmd.CombinedOutput()
-	return cmd.ProcessState.ExitCode(), string(out)
+	p := testproc.StartEnv(t, extraEnv, binPath, args...)
+	code := p.Wait(90 * time.Second)
+	return code, p.Output()
 }

@@ -16,8 +16,8 @@ import (
 
 	"github.com/outboxd/outboxd/examples/internal/brew"
 	"github.com/outboxd/outboxd/examples/internal/democheck"
-	"github.com/outboxd/outboxd/examples/internal/testproc"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testproc"
 )
 
 var bins map[string]string

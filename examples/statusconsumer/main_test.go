@@ -19,8 +19,8 @@ import (
 
 	"github.com/outboxd/outboxd/consumer"
 	"github.com/outboxd/outboxd/examples/internal/brew"
-	"github.com/outboxd/outboxd/examples/internal/testproc"
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/migrations"
 )
 
