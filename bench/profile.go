@@ -164,7 +164,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 			OpenSource: func(ctx context.Context) (publisher.Source, error) {
 				return replication.Open(ctx, stream(slots["cdc"]), zap.NewNop())
 			},
-			NewProducer: newProducer,
+			NewProducer: func(publisher.Identity) (publisher.Producer, error) { return newProducer() },
 		})
 		go func() { errc <- svc.Run(ctx) }()
 		return errc
@@ -249,7 +249,9 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 			return replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
 				StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
 		},
-		NewProducer: func() (publisher.Producer, error) { return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{}) },
+		NewProducer: func(publisher.Identity) (publisher.Producer, error) {
+			return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{})
+		},
 	})
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()

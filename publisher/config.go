@@ -28,6 +28,27 @@ type Config struct {
 	// StandbyPollInterval is how often a standby checks whether the slot
 	// became free.
 	StandbyPollInterval time.Duration
+	// Delivery is AtLeastOnce (the default) or ExactlyOnce: whole Postgres
+	// transactions grouped into Kafka transactions, each with the
+	// checkpoint of its last Postgres transaction; a record is confirmed
+	// to Postgres only after its Kafka transaction committed.
+	Delivery string
+	// CheckpointTopic is the compacted topic of checkpoints (where outboxd
+	// was): replayed transactions below the checkpoint are skipped, and a
+	// slot ahead of it is a gap. Empty: no checkpoints (at-least-once only).
+	CheckpointTopic string
+	// CheckpointInterval is how often a checkpoint is written when nothing
+	// else writes one (at-least-once mode, an idle outbox).
+	CheckpointInterval time.Duration
+	// TxnMaxEvents and TxnMaxAge close a Kafka transaction at the next
+	// Postgres commit once it holds that many events or is that old; it is
+	// also closed whenever no more Postgres transaction is waiting. A
+	// Postgres transaction is never split.
+	TxnMaxEvents int
+	TxnMaxAge    time.Duration
+	// AcceptGap starts streaming although the slot is ahead of the
+	// checkpoint or the checkpoint is another system's (see ErrGap).
+	AcceptGap bool
 	// CrashAfterProduce, when > 0, makes the process exit hard (status 3)
 	// right after Kafka acknowledged that many events and before their LSN is
 	// confirmed. For demonstrating at-least-once delivery only.
@@ -43,6 +64,11 @@ func DefaultConfig() Config {
 		RestartBackoffMin:   500 * time.Millisecond,
 		RestartBackoffMax:   30 * time.Second,
 		StandbyPollInterval: 2 * time.Second,
+		Delivery:            AtLeastOnce,
+		CheckpointTopic:     "outboxd.checkpoints",
+		CheckpointInterval:  200 * time.Millisecond,
+		TxnMaxEvents:        10000,
+		TxnMaxAge:           50 * time.Millisecond,
 	}
 }
 
@@ -63,6 +89,21 @@ func (c Config) Validate() error {
 	}
 	if c.StandbyPollInterval <= 0 {
 		errs = append(errs, fmt.Errorf("standby poll interval must be > 0, got %s", c.StandbyPollInterval))
+	}
+	switch c.Delivery {
+	case AtLeastOnce:
+	case ExactlyOnce:
+		if c.CheckpointTopic == "" {
+			errs = append(errs, errors.New("exactly-once delivery needs a checkpoint topic: set --checkpoint-topic"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("unknown delivery %q: use %s or %s", c.Delivery, AtLeastOnce, ExactlyOnce))
+	}
+	if c.CheckpointTopic != "" && c.CheckpointInterval <= 0 {
+		errs = append(errs, fmt.Errorf("checkpoint interval must be > 0, got %s", c.CheckpointInterval))
+	}
+	if c.TxnMaxEvents < 1 || c.TxnMaxAge <= 0 {
+		errs = append(errs, fmt.Errorf("Kafka transaction limits must be > 0, got %d events, %s", c.TxnMaxEvents, c.TxnMaxAge))
 	}
 	if c.CrashAfterProduce < 0 {
 		errs = append(errs, fmt.Errorf("crash after produce must be ≥ 0, got %d", c.CrashAfterProduce))

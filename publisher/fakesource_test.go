@@ -149,6 +149,10 @@ const statusPoll = time.Millisecond
 func (f *fakeSource) StartLSN() pglogrepl.LSN { return f.start }
 
 // BackendPID is the fake walsender's process id: 100 + the session number.
+func (f *fakeSource) System() (string, int32, string) { return "7000000000000000001", 1, "outboxd" }
+
+func (f *fakeSource) Slot() string { return "outboxd" }
+
 func (f *fakeSource) BackendPID() int { return 100 + f.session }
 
 func (f *fakeSource) Close() { f.closed = true }
@@ -278,7 +282,7 @@ func newSvcKafka(policy func(session int, r *kafka.Record) (fate, error)) *svcKa
 	return &svcKafka{policy: policy, manual: make(chan sentRecord, 1000)}
 }
 
-func (k *svcKafka) newProducer() (Producer, error) {
+func (k *svcKafka) newProducer(Identity) (Producer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	p := &svcProducer{k: k, session: k.sessions, results: make(chan *kafka.Record, 1000), held: map[*kafka.Record]bool{}}

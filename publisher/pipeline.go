@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
@@ -48,6 +49,7 @@ type Pipeline struct {
 	wm   *Watermark
 	lim  *limiter
 	m    *Metrics
+	cp   *checkpointing // nil: no checkpoints
 
 	done     chan struct{}
 	failOnce sync.Once
@@ -142,28 +144,61 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan replication.Message) error
 }
 
 func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error {
-	var cur *txn
+	var (
+		cur      *txn
+		begin    replication.Begin
+		skipping bool
+		tick     <-chan time.Time
+		cpAcks   chan *kafka.Record
+	)
+	if p.cp != nil {
+		t := time.NewTicker(p.cfg.CheckpointInterval)
+		defer t.Stop()
+		tick = t.C
+		if !p.eos() {
+			cpAcks = p.cp.acks
+		}
+	}
 	for {
 		var m replication.Message
 		var ok bool
 		select {
 		case m, ok = <-in:
+		case <-tick:
+			if err := p.tick(ctx); err != nil {
+				return err
+			}
+			continue
+		case r := <-cpAcks:
+			if err := p.checkpointAcked(r); err != nil {
+				return err
+			}
+			continue
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 		if !ok {
-			return p.drain(ctx)
+			if err := p.drain(ctx); err != nil {
+				return err
+			}
+			return p.finalCheckpoint(ctx)
 		}
 		switch m.Kind {
 		case replication.KindBegin:
 			cur = p.wm.Begin(m.Begin.CommitTime)
+			begin = m.Begin
+			skipping = p.skip(m.Begin)
 		case replication.KindEvent:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: event outside a transaction", replication.ErrProtocol)
 			}
+			if skipping {
+				continue
+			}
 			if err := p.produce(ctx, cur, &m); err != nil {
 				return err
 			}
+			p.produced()
 		case replication.KindCommit:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: commit outside a transaction", replication.ErrProtocol)
@@ -171,6 +206,19 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			p.wm.Commit(cur, m.Commit.EndLSN)
 			cur = nil
 			p.m.ReceivedLSN.Set(float64(m.Commit.EndLSN))
+			if !skipping {
+				if err := p.committed(ctx, begin, m.Commit, len(in) > 0); err != nil {
+					return err
+				}
+			}
+			if cpAcks != nil {
+				// At-least-once: checkpoint as soon as the stream wants more
+				// (one record in flight at a time), which keeps what a
+				// crash re-sends small.
+				if err := p.tick(ctx); err != nil {
+					return err
+				}
+			}
 		}
 	}
 }
@@ -265,7 +313,7 @@ func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 			p.m.observeLatency(t.commitTime)
 		}
 	}
-	p.wm.Ack(t)
+	p.acked(t)
 	p.lim.release(size)
 	if !p.progressed.Load() {
 		p.progressed.Store(true)

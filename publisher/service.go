@@ -19,6 +19,10 @@ import (
 type Source interface {
 	// StartLSN is the slot's confirmed position the source starts after.
 	StartLSN() pglogrepl.LSN
+	// System is the server's system identifier, timeline and database.
+	System() (systemID string, timeline int32, database string)
+	// Slot is the slot's name.
+	Slot() string
 	// Run delivers messages to out and closes it when it stops reading
 	// (ctx cancelled or failure); it keeps confirming progress.Confirmed()
 	// until progress.Done() is closed.
@@ -31,8 +35,13 @@ type Deps struct {
 	// OpenSource connects to the slot. It returns an error wrapping
 	// replication.ErrSlotInUse while another process holds it.
 	OpenSource func(ctx context.Context) (Source, error)
-	// NewProducer connects a producer.
-	NewProducer func() (Producer, error)
+	// NewProducer connects a producer for the identity's slot (in
+	// exactly-once mode with the identity's transactional id, which fences
+	// any older producer of the same slot).
+	NewProducer func(id Identity) (Producer, error)
+	// ReadCheckpoint, when set, reads the identity's checkpoint (nil when
+	// there is none yet): checkpoints are on.
+	ReadCheckpoint func(ctx context.Context, id Identity) (*Checkpoint, error)
 	// NewDeadLetterer, when set, connects the dead-letter producer. If the
 	// returned value is an io.Closer it is closed at the end of the session.
 	NewDeadLetterer func() (DeadLetterer, error)
@@ -86,7 +95,7 @@ func (s *Service) State() State { return s.sup.State() }
 func (s *Service) Run(ctx context.Context) error { return s.sup.Run(ctx, s.session) }
 
 func isFatal(err error) bool {
-	return errors.Is(err, kafka.ErrPoison) ||
+	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, kafka.ErrFenced) || errors.Is(err, ErrGap) ||
 		errors.Is(err, replication.ErrSlotMissing) ||
 		errors.Is(err, replication.ErrMissingColumn) ||
 		errors.Is(err, replication.ErrBadValue)
@@ -131,9 +140,37 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		s.lastPID = p.BackendPID()
 	}
 
-	prod, err := s.deps.NewProducer()
+	sysID, timeline, db := src.System()
+	id := Identity{SystemID: sysID, Timeline: timeline, Database: db, Slot: src.Slot()}
+	// The producer first: in exactly-once mode it fences every older
+	// producer of this slot and aborts its open transaction, so the
+	// checkpoint read next is final.
+	prod, err := s.deps.NewProducer(id)
 	if err != nil {
+		if errors.Is(err, kafka.ErrFenced) {
+			return progressed, err
+		}
 		return progressed, fmt.Errorf("%w: %w", errProducerOpen, err)
+	}
+	var cp *checkpointing
+	if s.deps.ReadCheckpoint != nil {
+		c, err := s.deps.ReadCheckpoint(ctx, id)
+		if err == nil && !s.cfg.AcceptGap {
+			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
+		}
+		if err != nil {
+			prod.Close()
+			drainResults(prod)
+			if errors.Is(err, ErrGap) {
+				return progressed, err
+			}
+			return progressed, fmt.Errorf("%w: read checkpoint: %w", errProducerOpen, err)
+		}
+		if c != nil && c.EndLSN > src.StartLSN() {
+			s.log.Info("resuming from the checkpoint: transactions before it are in Kafka already and are skipped",
+				zap.Stringer("checkpoint", c.EndLSN), zap.Stringer("slot_confirmed", src.StartLSN()))
+		}
+		cp = newCheckpointing(s.cfg.CheckpointTopic, id, c, src.StartLSN())
 	}
 	var dlq DeadLetterer
 	if s.deps.NewDeadLetterer != nil {
@@ -160,6 +197,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 	}
 
 	pl := NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
+	pl.cp = cp
 	s.m.ConfirmedLSN.Set(float64(src.StartLSN()))
 
 	// Cancelling readCtx stops reading from the slot (a stop, or a failed

@@ -232,11 +232,11 @@ func TestServiceCountsRestartsByCause(t *testing.T) {
 		}},
 		{"producer cannot connect", "kafka", func(h *svcHarness) {
 			var calls atomic.Int32
-			h.deps.NewProducer = func() (Producer, error) {
+			h.deps.NewProducer = func(id Identity) (Producer, error) {
 				if calls.Add(1) == 1 {
 					return nil, boom
 				}
-				return h.kafka.newProducer()
+				return h.kafka.newProducer(id)
 			}
 		}},
 		{"dead-letter producer cannot connect", "kafka", func(h *svcHarness) {

@@ -142,6 +142,12 @@ func (f *fakeServer) session() error {
 					continue
 				}
 				f.answerSlotQuery()
+			case msg.String == "IDENTIFY_SYSTEM":
+				f.send(&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{
+					{Name: []byte("systemid"), DataTypeOID: 25}, {Name: []byte("timeline"), DataTypeOID: 23},
+					{Name: []byte("xlogpos"), DataTypeOID: 25}, {Name: []byte("dbname"), DataTypeOID: 25},
+				}}, &pgproto3.DataRow{Values: [][]byte{[]byte("7000000000000000001"), []byte("1"), []byte("0/1000000"), []byte("outboxd")}},
+					&pgproto3.CommandComplete{CommandTag: []byte("IDENTIFY_SYSTEM")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 			case strings.HasPrefix(msg.String, "START_REPLICATION"):
 				f.send(&pgproto3.CopyBothResponse{})
 				close(f.ready)

@@ -25,6 +25,14 @@ type Progress interface {
 	Done() <-chan struct{}
 }
 
+// Checkpointer is implemented by a Progress whose positions must be
+// recorded downstream before the server may forget them (outboxd's
+// checkpoint): Checkpointed is told the position the stream would confirm
+// and returns how much of it is recorded; the stream confirms that.
+type Checkpointer interface {
+	Checkpointed(want pglogrepl.LSN) pglogrepl.LSN
+}
+
 // Stream owns one replication connection. Exactly one goroutine — the one
 // calling Run — uses the connection, for receiving and for status updates
 // alike: writing status updates from a second goroutine while another
@@ -36,6 +44,7 @@ type Stream struct {
 	dec    *Decoder
 	start  pglogrepl.LSN
 	closed bool
+	system pglogrepl.IdentifySystemResult
 }
 
 // Open connects to the server, checks the slot and starts logical replication
@@ -90,6 +99,16 @@ func (s *Stream) BackendPID() int { return int(s.conn.PID()) }
 // StartLSN is the slot's confirmed position the stream started from.
 func (s *Stream) StartLSN() pglogrepl.LSN { return s.start }
 
+// Slot is the slot's name.
+func (s *Stream) Slot() string { return s.cfg.Slot }
+
+// System is what IDENTIFY_SYSTEM said: the server's system identifier (it
+// changes with a new cluster or a restore from a logical dump, not with a
+// physical standby's promotion), timeline and database.
+func (s *Stream) System() (systemID string, timeline int32, database string) {
+	return s.system.SystemID, s.system.Timeline, s.system.DBName
+}
+
 // quoteLiteral quotes s as a string literal, for SQL and for replication
 // commands alike. A walsender speaks the simple query protocol only, so the
 // slot name cannot be a bound parameter.
@@ -111,6 +130,9 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	pubLit, err := s.quoteLiteral(pgx.Identifier{s.cfg.Publication}.Sanitize())
 	if err != nil {
 		return err
+	}
+	if s.system, err = pglogrepl.IdentifySystem(ctx, s.conn); err != nil {
+		return fmt.Errorf("replication: identify system: %w", err)
 	}
 	res := s.conn.Exec(ctx,
 		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
@@ -240,6 +262,9 @@ func (st *streamState) flushPosition(progress Progress) pglogrepl.LSN {
 // at once with a keepalive.
 func (s *Stream) sendStatus(st *streamState, progress Progress, ping bool) error {
 	flush := st.flushPosition(progress)
+	if c, ok := progress.(Checkpointer); ok {
+		flush = c.Checkpointed(flush)
+	}
 	if flush < st.lastFlush {
 		// Never confirm backwards (after an idle confirm, the consumer's
 		// position is below it until its next commit): PostgreSQL stores a

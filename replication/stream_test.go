@@ -380,6 +380,9 @@ func TestStreamQuotesNames(t *testing.T) {
 	cfg.Slot = `o'dd"slot`
 	cfg.Publication = `My'pub"x`
 	openFake(t, f, cfg)
+	if q := <-f.queries; q != "IDENTIFY_SYSTEM" {
+		t.Errorf("first command %q, want IDENTIFY_SYSTEM", q)
+	}
 	q := <-f.queries
 	if want := `WHERE slot_name = 'o''dd"slot'`; !strings.HasSuffix(q, want) {
 		t.Errorf("slot query %q, want it to end with %s", q, want)

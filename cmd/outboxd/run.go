@@ -62,9 +62,32 @@ func cmdRun(ctx context.Context, args []string) error {
 		OpenSource: func(ctx context.Context) (publisher.Source, error) {
 			return replication.Open(ctx, o.streamConfig(), logger.Named("replication"))
 		},
-		NewProducer: func() (publisher.Producer, error) {
-			return kafka.NewProducer(kcfg, logger.Named("kafka"), metrics.ProducerHooks())
+		NewProducer: func(id publisher.Identity) (publisher.Producer, error) {
+			c := kcfg
+			if o.pub.Delivery == publisher.ExactlyOnce {
+				c.TransactionalID = id.TransactionalID()
+			}
+			return kafka.NewProducer(c, logger.Named("kafka"), metrics.ProducerHooks())
 		},
+	}
+	if topic := o.pub.CheckpointTopic; topic != "" {
+		if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
+			logger.Warn("checkpoint topic not ready; the sessions will retry", zap.String("topic", topic), zap.Error(err))
+		}
+		deps.ReadCheckpoint = func(ctx context.Context, id publisher.Identity) (*publisher.Checkpoint, error) {
+			if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
+				return nil, err
+			}
+			all, err := kafka.ReadCompacted(ctx, kcfg, topic)
+			if err != nil {
+				return nil, err
+			}
+			v, ok := all[id.Key()]
+			if !ok {
+				return nil, nil
+			}
+			return publisher.ParseCheckpoint(v)
+		}
 	}
 	if o.pub.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {

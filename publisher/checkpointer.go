@@ -1,0 +1,271 @@
+package publisher
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/replication"
+)
+
+// Delivery modes.
+const (
+	AtLeastOnce = "at-least-once"
+	ExactlyOnce = "exactly-once"
+)
+
+// committer is the transactional side of a producer (kafka.Producer with a
+// transactional id).
+type committer interface {
+	Commit(ctx context.Context) error
+}
+
+// checkpointing is a pipeline's checkpoint state. The stream asks to
+// confirm positions (Checkpointed); what it may confirm is what the
+// checkpoint topic holds. Owned by the pipeline's reader goroutine, except
+// the atomics.
+type checkpointing struct {
+	topic string
+	id    Identity
+	// skipBelow: transactions whose commit record starts before it are
+	// already in Kafka (the checkpoint says so): skipped, not re-published.
+	skipBelow pglogrepl.LSN
+	skipped   int
+
+	want    atomic.Uint64 // the highest position the stream wanted to confirm
+	covered atomic.Uint64 // the highest position the checkpoint topic holds
+
+	acks     chan *kafka.Record // the checkpoint records back (Record.Done)
+	inFlight bool               // at-least-once: a checkpoint record is out
+	pending  pglogrepl.LSN      // its position
+
+	// Exactly-once: the open Kafka transaction.
+	open   bool
+	events int
+	since  time.Time
+	last   Checkpoint // the last Postgres transaction in it
+	heldMu sync.Mutex
+	held   []*txn // events acknowledged, waiting for the commit
+}
+
+func newCheckpointing(topic string, id Identity, cp *Checkpoint, start pglogrepl.LSN) *checkpointing {
+	c := &checkpointing{topic: topic, id: id, acks: make(chan *kafka.Record, 1)}
+	covered := start
+	if cp != nil {
+		c.skipBelow = cp.EndLSN
+		covered = max(covered, cp.EndLSN)
+	}
+	c.covered.Store(uint64(covered))
+	return c
+}
+
+// Checkpointed implements replication.Checkpointer: the stream may confirm
+// want only as far as the checkpoint topic holds it.
+func (p *Pipeline) Checkpointed(want pglogrepl.LSN) pglogrepl.LSN {
+	c := p.cp
+	if c == nil {
+		return want
+	}
+	for {
+		old := c.want.Load()
+		if uint64(want) <= old || c.want.CompareAndSwap(old, uint64(want)) {
+			break
+		}
+	}
+	return min(want, pglogrepl.LSN(c.covered.Load()))
+}
+
+func (p *Pipeline) eos() bool { return p.cfg.Delivery == ExactlyOnce }
+
+// skip reports whether a transaction beginning with b is already in Kafka.
+func (p *Pipeline) skip(b replication.Begin) bool {
+	if p.cp == nil || b.FinalLSN >= p.cp.skipBelow {
+		return false
+	}
+	p.cp.skipped++
+	if p.cp.skipped == 1 {
+		p.log.Info("skipping transactions the checkpoint says are in Kafka already",
+			zap.Stringer("checkpoint", p.cp.skipBelow))
+	}
+	return true
+}
+
+// acked is the success path of a record for the watermark: at once, or in
+// exactly-once mode at the commit of its Kafka transaction.
+func (p *Pipeline) acked(t *txn) {
+	if p.cp != nil && p.eos() {
+		p.cp.heldMu.Lock()
+		p.cp.held = append(p.cp.held, t)
+		p.cp.heldMu.Unlock()
+		return
+	}
+	p.wm.Ack(t)
+}
+
+// produced notes an event produced in exactly-once mode: it opens the Kafka
+// transaction.
+func (p *Pipeline) produced() {
+	if p.cp == nil || !p.eos() {
+		return
+	}
+	if !p.cp.open {
+		p.cp.open, p.cp.since = true, time.Now()
+	}
+	p.cp.events++
+}
+
+// committed is called after a Postgres transaction's Commit was read. In
+// exactly-once mode it closes the Kafka transaction when it is big or old
+// enough, or when nothing else is waiting (low latency when quiet).
+func (p *Pipeline) committed(ctx context.Context, b replication.Begin, c replication.Commit, more bool) error {
+	if p.cp == nil || !p.eos() || !p.cp.open {
+		return nil
+	}
+	p.cp.last = Checkpoint{EndLSN: c.EndLSN, CommitLSN: c.CommitLSN, Xid: b.Xid, CommitTime: c.CommitTime}
+	if more && p.cp.events < p.cfg.TxnMaxEvents && time.Since(p.cp.since) < p.cfg.TxnMaxAge {
+		return nil
+	}
+	return p.commitKafkaTxn(ctx)
+}
+
+// commitKafkaTxn waits for every record of the Kafka transaction, adds the
+// checkpoint of its last Postgres transaction, commits, and only then lets
+// the watermark (and so the slot) move past them.
+func (p *Pipeline) commitKafkaTxn(ctx context.Context) error {
+	if err := p.drain(ctx); err != nil {
+		return err
+	}
+	if err := p.writeCheckpoint(ctx, p.cp.last); err != nil {
+		return err
+	}
+	if err := p.prod.(committer).Commit(ctx); err != nil {
+		return fmt.Errorf("publisher: commit the Kafka transaction of %d events up to %s: %w", p.cp.events, p.cp.last.EndLSN, err)
+	}
+	p.cp.covered.Store(uint64(p.cp.last.EndLSN))
+	p.cp.heldMu.Lock()
+	held := p.cp.held
+	p.cp.held = nil
+	p.cp.heldMu.Unlock()
+	for _, t := range held {
+		p.wm.Ack(t)
+	}
+	p.m.ConfirmedLSN.Set(float64(p.wm.Confirmed()))
+	p.cp.open, p.cp.events = false, 0
+	return nil
+}
+
+// writeCheckpoint sends a checkpoint record and waits for its
+// acknowledgement.
+func (p *Pipeline) writeCheckpoint(ctx context.Context, cp Checkpoint) error {
+	r, err := checkpointRecord(p.cp.topic, p.cp.id, cp)
+	if err != nil {
+		return err
+	}
+	r.Done = p.cp.acks
+	if err := p.prod.Send(ctx, r); err != nil {
+		return err
+	}
+	select {
+	case r := <-p.cp.acks:
+		if r.Err != nil {
+			return fmt.Errorf("publisher: write checkpoint %s to %q: %w", cp.EndLSN, p.cp.topic, r.Err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// tick moves the checkpoint to what the stream wants to confirm when the
+// pipeline has nothing else to commit (an idle outbox, transactions of
+// other tables, skipped ones). In at-least-once mode it also completes the
+// checkpoint record in flight.
+func (p *Pipeline) tick(ctx context.Context) error {
+	c := p.cp
+	want := pglogrepl.LSN(c.want.Load())
+	if want <= pglogrepl.LSN(c.covered.Load()) {
+		return nil
+	}
+	if p.eos() {
+		if c.open {
+			return nil // the next commit covers it
+		}
+		if err := p.writeCheckpoint(ctx, Checkpoint{EndLSN: want}); err != nil {
+			return err
+		}
+		if err := p.prod.(committer).Commit(ctx); err != nil {
+			return fmt.Errorf("publisher: commit the checkpoint %s: %w", want, err)
+		}
+		c.covered.Store(uint64(want))
+		return nil
+	}
+	if c.inFlight {
+		return nil
+	}
+	r, err := checkpointRecord(c.topic, c.id, Checkpoint{EndLSN: want})
+	if err != nil {
+		return err
+	}
+	r.Done = c.acks
+	if err := p.prod.Send(ctx, r); err != nil {
+		return err
+	}
+	c.inFlight, c.pending = true, want
+	return nil
+}
+
+// checkpointAcked completes an at-least-once checkpoint record.
+func (p *Pipeline) checkpointAcked(r *kafka.Record) error {
+	c := p.cp
+	c.inFlight = false
+	if r.Err != nil {
+		return fmt.Errorf("publisher: write checkpoint %s to %q: %w", c.pending, c.topic, r.Err)
+	}
+	if uint64(c.pending) > c.covered.Load() {
+		c.covered.Store(uint64(c.pending))
+	}
+	return nil
+}
+
+// finalCheckpoint runs once every event was acknowledged after a stop: it
+// commits the open Kafka transaction (exactly-once) and checkpoints what is
+// done, so the final confirmation covers it and a restart re-sends nothing.
+func (p *Pipeline) finalCheckpoint(ctx context.Context) error {
+	c := p.cp
+	if c == nil {
+		return nil
+	}
+	if p.eos() {
+		if c.open {
+			if err := p.commitKafkaTxn(ctx); err != nil {
+				return err
+			}
+		}
+		return p.tick(ctx)
+	}
+	if c.inFlight {
+		select {
+		case r := <-c.acks:
+			if err := p.checkpointAcked(r); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	end := max(p.wm.Confirmed(), pglogrepl.LSN(c.want.Load()))
+	if end <= pglogrepl.LSN(c.covered.Load()) {
+		return nil
+	}
+	if err := p.writeCheckpoint(ctx, Checkpoint{EndLSN: end}); err != nil {
+		return err
+	}
+	c.covered.Store(uint64(end))
+	return nil
+}
