@@ -849,6 +849,17 @@ func (p *Producer) handleResponse(pr produceResponse) {
 		for _, ps := range pr.parts {
 			p.retry(ps, fmt.Errorf("broker %s: %w", pr.broker.Addr(), pr.err), true, closing)
 		}
+		// Every other partition that broker leads waits for fresh metadata
+		// too, rather than being sent to a broker that stopped answering.
+		for _, t := range p.topics {
+			for _, ps := range t.parts {
+				if ps.leader != nil && ps.leader.ID() == pr.broker.ID() {
+					ps.leader = nil
+					t.resolveAt = time.Time{}
+					p.resolve(t)
+				}
+			}
+		}
 		return
 	}
 	for _, ps := range pr.parts {

@@ -296,21 +296,8 @@ func (p *clusterPhase) verdict(st stallReport, began time.Time) {
 	}
 }
 
-// settle waits until no writer's INSERT still runs in the test's database:
-// a writer cancelled mid-statement returns at once, but its backend may
-// commit the row a moment later, after the rows were read.
-func (p *clusterPhase) settle() {
-	p.t.Helper()
-	c := p.e.conn()
-	defer c.Close(context.Background())
-	waitFor(p.t, 30*time.Second, func() bool {
-		var n int
-		err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid()
-			AND state <> 'idle' AND query ILIKE 'INSERT INTO outbox%'`).Scan(&n)
-		return err == nil && n == 0
-	})
-}
+// settle: see env.settle.
+func (p *clusterPhase) settle() { p.e.settle() }
 
 // explainCorrupt logs the records verify counted as corrupt for want
 // of a known outbox-id, and whether their rows exist now (committed after

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 )
@@ -115,9 +116,32 @@ func (e *env) steady(ctx context.Context, rate int) <-chan error {
 		if ctx.Err() != nil {
 			err = nil
 		}
+		e.settle()
 		done <- err
 	}()
 	return done
+}
+
+// settle waits until no writer's INSERT still runs in the test's database:
+// a writer cancelled mid-statement returns at once, but its backend may
+// commit the row a moment later, after the rows were read.
+func (e *env) settle() {
+	c, err := pgx.Connect(context.Background(), e.dsn)
+	if err != nil {
+		return // the check is best effort: delivered reads the rows anyway
+	}
+	defer c.Close(context.Background())
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		var n int
+		err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			AND state <> 'idle' AND query ILIKE 'INSERT INTO outbox%'`).Scan(&n)
+		if err == nil && n == 0 {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // backlog writes n rows over 200 aggregates in transactions of 1,000 rows,

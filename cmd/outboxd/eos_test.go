@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// Exactly-once delivery (issue 10), with real processes. Every consumer here
+// reads read_committed (see consume).
+
+func eosArgs(extra ...string) []string {
+	return append([]string{"--delivery", "exactly-once", "--checkpoint-topic", testenv.UniqueName("checkpoints")}, extra...)
+}
+
+// kill -9 of outboxd, again and again, under 300 events/s: with the
+// checkpoint in the same Kafka transaction as the records, a restart skips
+// exactly what was committed, and re-sends exactly what was not.
+func TestRunExactlyOnceKill9UnderLoad(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	args := eosArgs()
+	d := e.start(args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 300)
+	const kills = 50
+	for i := 0; i < kills; i++ {
+		// Let it publish for a moment, somewhere inside a Kafka transaction.
+		time.Sleep(time.Duration(300+(i*137)%700) * time.Millisecond)
+		d.kill9()
+		d = e.start(args...)
+	}
+	time.Sleep(time.Second)
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(3 * time.Minute)
+	t.Logf("exactly-once, kill -9 %d times under 300 ev/s, %d events: %s", kills, n, v)
+	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("exactly-once after %d kill -9: %s", kills, v)
+	}
+	d.stop()
+}
+
+// Fast restarts of Postgres under load, in both modes: on Postgres < 17 a
+// restart replays everything since the slot's last persisted position;
+// the checkpoint makes outboxd skip what Kafka already has.
+func TestRunPostgresRestartsDuplicateNothing(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"at-least-once", "exactly-once"} {
+		t.Run(mode, func(t *testing.T) {
+			ps := testenv.StartPostgres(t)
+			k := testenv.Kafka(t)
+			e := &env{t: t, dsn: ps.DSN, brokers: k.Brokers, topic: k.Topic(t, "pgrestarts", 3), slot: testenv.UniqueName("slot")}
+			e.migrate()
+			d := e.start("--delivery", mode, "--checkpoint-topic", testenv.UniqueName("checkpoints"))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			writes := e.steady(ctx, 300)
+			for range 10 {
+				time.Sleep(1500 * time.Millisecond)
+				ps.Restart("fast")
+			}
+			time.Sleep(2 * time.Second)
+			cancel()
+			if err := <-writes; err != nil && !strings.Contains(err.Error(), "connect") && !strings.Contains(err.Error(), "terminat") {
+				t.Logf("writer stopped: %v", err) // a writer may meet a restart; what it committed counts
+			}
+			v, n := e.delivered(3 * time.Minute)
+			t.Logf("%s, 10 Postgres fast restarts under load, %d events: %s; restarts %v", mode, n, v, d.restarts())
+			if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+				t.Fatalf("%s after 10 Postgres restarts: %s", mode, v)
+			}
+			d.stop()
+		})
+	}
+}
+
+// Kafka stopped 30 s under load, exactly-once: the open transaction is
+// aborted by the next producer, the checkpoint says what committed.
+func TestRunExactlyOnceKafkaOutage(t *testing.T) {
+	t.Parallel()
+	ks := testenv.StartKafka(t)
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("eosoutage"), slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.topic, 3)
+	e.migrate()
+	d := e.start(eosArgs("--kafka-delivery-timeout", "5s")...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 300)
+	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > 300 })
+	ks.Stop()
+	time.Sleep(30 * time.Second)
+	if d.exited() {
+		t.Fatalf("outboxd exited (%d) while Kafka was down", d.code)
+	}
+	ks.Start()
+	probeTopic := testenv.UniqueName("probe")
+	waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > 0 })
+	createTopic(t, ks.Brokers, probeTopic, 1)
+	recovery(t, ks.Brokers, e.topic, probeTopic, 2*time.Minute)
+	time.Sleep(3 * time.Second)
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(3 * time.Minute)
+	t.Logf("exactly-once, Kafka stopped 30 s under 300 ev/s, %d events: %s; restarts %v", n, v, d.restarts())
+	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("exactly-once after a Kafka outage: %s", v)
+	}
+	d.stop()
+}
+
+// One Postgres transaction of 200,000 rows fits one Kafka transaction.
+func TestRunExactlyOnceHugeTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 6)
+	d := e.start(eosArgs()...)
+	d.stop()
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (g % 100), $1, jsonb_build_object('seq', g) FROM generate_series(1, 200000) AS g ORDER BY g`, e.topic)
+	d = e.start(eosArgs()...)
+	v, n := e.delivered(5 * time.Minute)
+	t.Logf("exactly-once, one 200,000-row transaction: %d events: %s", n, v)
+	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 || n != 200000 {
+		t.Fatalf("exactly-once, one huge transaction: %s", v)
+	}
+	d.stop()
+}
+
+// A zombie: outboxd A is frozen (SIGSTOP) while the server drops its
+// connection; B takes the slot over and publishes. When A wakes up, its
+// transactional id was fenced by B: it can commit and confirm nothing.
+func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	cp := testenv.UniqueName("checkpoints")
+	args := []string{"--delivery", "exactly-once", "--checkpoint-topic", cp}
+	a := e.start(args...)
+	b := startDaemon(t, e.args(args...)...)
+	b.waitLog("standby", 60*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 300)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 300 })
+	_ = syscall.Kill(a.pid(), syscall.SIGSTOP)
+	// The server drops the frozen process's walsender (as wal_sender_timeout
+	// would): the slot is free for the standby.
+	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
+	b.waitLog("taking over", 60*time.Second)
+	waitFor(t, time.Minute, func() bool { return strings.Count(b.out.String(), "streaming") >= 1 })
+	time.Sleep(2 * time.Second) // B publishes and commits
+	_ = syscall.Kill(a.pid(), syscall.SIGCONT)
+	time.Sleep(5 * time.Second)
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(3 * time.Minute)
+	outcome := "still running (a standby again)"
+	if a.exited() {
+		outcome = fmt.Sprintf("exited %d", a.code)
+	}
+	t.Logf("zombie A resumed after B took over, %d events: %s; A %s, fenced in its log: %v",
+		n, v, outcome, strings.Contains(a.out.String(), "fenced"))
+	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("zombie: %s", v)
+	}
+	if a.exited() && a.code == 0 {
+		t.Errorf("the fenced zombie exited 0")
+	}
+	b.stop()
+}
+
+// Gaps are never silent: the slot advanced by someone else while outboxd
+// was stopped is refused with both positions named; --accept-gap starts.
+func TestRunRefusesAGapBetweenCheckpointAndSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	cp := testenv.UniqueName("checkpoints")
+	d := e.start("--checkpoint-topic", cp)
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, e.topic)
+	e.delivered(time.Minute)
+	d.stop()
+	// Someone advances the slot past events outboxd never saw.
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"lost": true}')`, e.topic)
+	e.exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.slot)
+	refused := startDaemon(t, e.args("--checkpoint-topic", cp)...)
+	code := refused.wait(60 * time.Second)
+	out := refused.out.String()
+	if code == 0 || !strings.Contains(out, "gap between the checkpoint and the slot") || !strings.Contains(out, "--accept-gap") {
+		t.Fatalf("exit %d, output:\n%s\nwant a refusal naming the gap and --accept-gap", code, out)
+	}
+	accepted := e.start("--checkpoint-topic", cp, "--accept-gap")
+	accepted.stop()
+}
