@@ -144,7 +144,7 @@ func (c Config) backoff(n int) time.Duration {
 }
 
 // saramaConfig is the configuration of the group and the dead-letter
-// producer: manual commits, oldest offset for a new group, errors returned,
+// producer: manual commits, read_committed, oldest offset for a new group, errors returned,
 // dead-letter records acknowledged by all in-sync replicas.
 func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc := sarama.NewConfig()
@@ -153,6 +153,9 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
 	sc.Consumer.Offsets.AutoCommit.Enable = false
 	sc.Consumer.Return.Errors = true
+	// Records of aborted Kafka transactions (outboxd --delivery=exactly-once
+	// restarting mid-transaction) are never handed to the handler.
+	sc.Consumer.IsolationLevel = sarama.ReadCommitted
 	sc.Consumer.Group.Session.Timeout = c.SessionTimeout
 	sc.Consumer.Group.Heartbeat.Interval = c.SessionTimeout / 3
 	sc.Producer.RequiredAcks = sarama.WaitForAll
