@@ -11,8 +11,11 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -22,6 +25,16 @@ type statusReport struct {
 	Problems    []string          `json:"problems"`
 	Slot        statusSlot        `json:"slot"`
 	Publication statusPublication `json:"publication"`
+	Checkpoint  *statusCheckpoint `json:"checkpoint,omitempty"`
+}
+
+// statusCheckpoint is outboxd's checkpoint of the slot, read from Kafka.
+type statusCheckpoint struct {
+	Topic     string `json:"topic"`
+	Found     bool   `json:"found"`
+	EndLSN    string `json:"end_lsn,omitempty"`
+	SystemID  string `json:"system_id,omitempty"`
+	WrittenAt string `json:"written_at,omitempty"`
 }
 
 type statusSlot struct {
@@ -56,6 +69,9 @@ func cmdStatus(ctx context.Context, args []string) error {
 	maxLag := fs.Int64("max-lag-bytes", 0, "also a problem: lag above this many bytes (0: no limit)")
 	maxRetained := fs.Int64("max-retained-wal-bytes", 0, "also a problem: retained WAL above this many bytes (0: no limit)")
 	allowInactive := fs.Bool("allow-inactive", false, "an inactive slot (no outboxd streaming) is not a problem")
+	brokers := fs.String("kafka-brokers", "", "also read outboxd's checkpoint from Kafka and show it next to the slot's position")
+	cpTopic := fs.String("checkpoint-topic", publisher.DefaultConfig().CheckpointTopic, "with --kafka-brokers: the checkpoint topic")
+	o.kafkaSec.AddFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -67,6 +83,14 @@ func cmdStatus(ctx context.Context, args []string) error {
 	rep, err := buildStatus(ctx, conn, o.slot, statusLimits{*maxLag, *maxRetained, *allowInactive})
 	if err != nil {
 		return err
+	}
+	if *brokers != "" {
+		k := kafka.DefaultConfig()
+		k.Brokers = strings.Split(*brokers, ",")
+		k.Security = o.kafkaSec
+		if err := addCheckpoint(ctx, &rep, k, *cpTopic, o.slot.Slot); err != nil {
+			return err
+		}
 	}
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
@@ -148,6 +172,34 @@ func buildStatus(ctx context.Context, conn *pgx.Conn, cfg slot.Config, lim statu
 	return rep, nil
 }
 
+// addCheckpoint reads the slot's checkpoint (by database and slot: any
+// system) and flags a slot ahead of it, as outboxd run would refuse it.
+func addCheckpoint(ctx context.Context, rep *statusReport, k kafka.Config, topic, slotName string) error {
+	all, err := kafka.ReadCompacted(ctx, k, topic)
+	if err != nil {
+		return fmt.Errorf("status: read the checkpoint topic %q: %w", topic, err)
+	}
+	rep.Checkpoint = &statusCheckpoint{Topic: topic}
+	suffix := "/" + rep.Slot.Database + "/" + slotName
+	for key, v := range all {
+		if !strings.HasSuffix(key, suffix) {
+			continue
+		}
+		cp, err := publisher.ParseCheckpoint(v)
+		if err != nil {
+			return fmt.Errorf("status: checkpoint %q: %w", key, err)
+		}
+		rep.Checkpoint.Found, rep.Checkpoint.EndLSN, rep.Checkpoint.SystemID = true, cp.EndLSN.String(), cp.SystemID
+		rep.Checkpoint.WrittenAt = cp.WrittenAt.Format("2006-01-02T15:04:05Z07:00")
+		if confirmed, err := pglogrepl.ParseLSN(rep.Slot.ConfirmedFlushLSN); err == nil && rep.Slot.Exists && confirmed > cp.EndLSN {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("slot %q is confirmed at %s, ahead of outboxd's checkpoint %s: outboxd run will refuse this gap (see --accept-gap)",
+				slotName, confirmed, cp.EndLSN))
+			rep.OK = false
+		}
+	}
+	return nil
+}
+
 func printStatus(w io.Writer, rep statusReport) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
@@ -180,6 +232,13 @@ func printStatus(w io.Writer, rep statusReport) error {
 		pub += " (" + strings.Join(rep.Publication.Tables, ", ") + ")"
 	}
 	row("publication", pub)
+	if c := rep.Checkpoint; c != nil {
+		if c.Found {
+			row("checkpoint", fmt.Sprintf("%s (written %s, topic %s)", c.EndLSN, c.WrittenAt, c.Topic))
+		} else {
+			row("checkpoint", fmt.Sprintf("none in %s", c.Topic))
+		}
+	}
 	if rep.OK {
 		row("status", "OK")
 	} else {
