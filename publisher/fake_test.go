@@ -40,8 +40,32 @@ func (f *fakeProducer) Close() error {
 	return nil
 }
 
-func (f *fakeProducer) ack(r *kafka.Record)             { f.results <- r }
-func (f *fakeProducer) fail(r *kafka.Record, err error) { r.Err = err; f.results <- r }
+func (f *fakeProducer) ack(r *kafka.Record) { f.back(r) }
+func (f *fakeProducer) fail(r *kafka.Record, err error) {
+	r.Err = err
+	f.back(r)
+}
+
+// back returns r as the producer does: to its own Done channel when it has
+// one, else on Results.
+func (f *fakeProducer) back(r *kafka.Record) {
+	if r.Done != nil {
+		r.Done <- r
+		return
+	}
+	f.results <- r
+}
+
+// fakeTxnProducer adds Commit, counted.
+type fakeTxnProducer struct {
+	*fakeProducer
+	commits chan struct{}
+}
+
+func (f *fakeTxnProducer) Commit(context.Context) error {
+	f.commits <- struct{}{}
+	return nil
+}
 
 func (f *fakeProducer) numSent() int {
 	f.mu.Lock()
