@@ -21,6 +21,11 @@ type source struct {
 
 func cdcSource() source { return source{Name: "cdc"} }
 
+// cdcExactlyOnce is CDC with Kafka transactions (issue 10's cost).
+func cdcExactlyOnce() source {
+	return source{Name: "cdc-exactly-once", Flags: []string{"--delivery=exactly-once"}}
+}
+
 // cdcLinger is CDC with the producer waiting up to d to batch records.
 func cdcLinger(d time.Duration) source {
 	return source{Name: "cdc-linger-" + d.String(), Flags: []string{"--kafka-linger=" + d.String()}}
@@ -86,7 +91,7 @@ func fullPlan() plan {
 	b := poll.DefaultConfig().BatchSize
 	return plan{
 		Name:         "full",
-		Sources:      []source{cdcSource(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
+		Sources:      []source{cdcSource(), cdcExactlyOnce(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
 		Loads:        loadsFull,
 		Duration:     20 * time.Second,
 		Partitions:   3,
@@ -94,7 +99,7 @@ func fullPlan() plan {
 		PayloadBytes: 200,
 		DrainRows:    1000000,
 		DrainTxRows:  100,
-		DrainSources: []source{cdcSource(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b),
+		DrainSources: []source{cdcSource(), cdcExactlyOnce(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b),
 			pollSource(10*time.Millisecond, b), pollSource(100*time.Millisecond, 100)},
 	}
 }
@@ -119,6 +124,8 @@ func parseSource(name string) (source, error) {
 	switch {
 	case name == "cdc":
 		return cdcSource(), nil
+	case name == "cdc-exactly-once":
+		return cdcExactlyOnce(), nil
 	case strings.HasPrefix(name, "cdc-linger-"):
 		d, err := time.ParseDuration(strings.TrimPrefix(name, "cdc-linger-"))
 		if err != nil {
@@ -139,5 +146,5 @@ func parseSource(name string) (source, error) {
 		}
 		return pollSource(d, batch), nil
 	}
-	return source{}, fmt.Errorf("source %q: use cdc, cdc-linger-DURATION, poll-DURATION or poll-DURATION-bBATCH", name)
+	return source{}, fmt.Errorf("source %q: use cdc, cdc-exactly-once, cdc-linger-DURATION, poll-DURATION or poll-DURATION-bBATCH", name)
 }
