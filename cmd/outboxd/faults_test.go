@@ -4,6 +4,7 @@ import (
 	"context"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -252,6 +253,52 @@ func TestRunTenShortKafkaOutagesKeepPerKeyOrder(t *testing.T) {
 	}
 	if longest > 10*time.Second {
 		t.Errorf("outboxd published again only %s after Kafka accepted produce (target ≤ 2 s)", longest)
+	}
+	d.stop()
+}
+
+// A silent server (issue 9): the walsender is frozen (SIGSTOP) — the TCP
+// connection stays open but nothing comes, not even the keepalive outboxd
+// asks for. The watchdog restarts the session after --server-timeout
+// (cause postgres); once the walsender is gone the new session streams and
+// nothing is lost.
+func TestRunRestartsWhenTheWalsenderFreezes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	d := e.start("--server-timeout", "4s")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 300)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 300 })
+	var pid int
+	c := e.conn()
+	if err := c.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(context.Background())
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP walsender %d: %v", pid, err)
+	}
+	frozen := time.Now()
+	d.waitLog("replication server silent", 30*time.Second)
+	t.Logf("watchdog fired %s after the walsender froze (--server-timeout 4s)", time.Since(frozen).Round(100*time.Millisecond))
+	// The frozen walsender still holds the slot: terminate it, as the server
+	// would once wal_sender_timeout passed, and let it go.
+	e.exec(`SELECT pg_terminate_backend($1)`, pid)
+	_ = syscall.Kill(pid, syscall.SIGCONT)
+	waitFor(t, time.Minute, func() bool { return strings.Count(d.out.String(), "streaming") >= 2 })
+	time.Sleep(2 * time.Second)
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(2 * time.Minute)
+	t.Logf("walsender frozen under 300 ev/s, %d events: %s; restarts %v", n, v, d.restarts())
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after a frozen walsender: %s", v)
+	}
+	if d.restarts()["postgres"] == 0 {
+		t.Errorf("no restart with cause postgres")
 	}
 	d.stop()
 }
