@@ -26,8 +26,27 @@ type PGServer struct {
 
 // StartPostgres initialises and starts a private PostgreSQL (same settings
 // as the dev stack: wal_level=logical and so on) in a temporary folder; it
-// is stopped and removed at cleanup.
+// is stopped and removed at cleanup. It is Debian's PostgreSQL (15); see
+// [StartPostgresVersion] for another major.
 func StartPostgres(t testing.TB) *PGServer {
+	t.Helper()
+	return startPostgres(t, "")
+}
+
+// StartPostgresVersion is [StartPostgres] with PostgreSQL of the given major
+// version ("14", "16", "17"; "15" is Debian's) or full version ("17.6.0"), a
+// build from Maven Central that dev/stack fetches once into .cache/. Like
+// StartPostgres, it skips the test (fails it under CI=true) when the server
+// cannot be created.
+func StartPostgresVersion(t testing.TB, version string) *PGServer {
+	t.Helper()
+	if version == "" {
+		t.Fatalf("testenv: StartPostgresVersion needs a version")
+	}
+	return startPostgres(t, version)
+}
+
+func startPostgres(t testing.TB, version string) *PGServer {
 	t.Helper()
 	dir := instanceDir(t, "outboxd-pg-")
 	port := freePorts(t, 1)[0]
@@ -43,8 +62,16 @@ func StartPostgres(t testing.TB) *PGServer {
 		}
 		_ = os.RemoveAll(dir)
 	})
-	if err := stack("pg-init", dir, strconv.Itoa(port)); err != nil {
-		unavailable(t, hintPrivate, "cannot create a private PostgreSQL: %v", err)
+	args := []string{"pg-init", dir, strconv.Itoa(port)}
+	if version != "" {
+		args = append(args, "--version", version)
+	}
+	if err := stack(args...); err != nil {
+		what := "a private PostgreSQL"
+		if version != "" {
+			what = "a private PostgreSQL " + version
+		}
+		unavailable(t, hintPrivate, "cannot create %s: %v", what, err)
 	}
 	s.Start()
 	return s
