@@ -57,6 +57,18 @@ WHERE slot_name = $1`, name).Scan(
 	return &s, nil
 }
 
+// serverVersionNum is server_version_num: 170006 for 17.6.
+func serverVersionNum(ctx context.Context, conn *pgx.Conn) (int, error) {
+	var v int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("slot: read server_version_num: %w", err)
+	}
+	return v, nil
+}
+
+// Failover slots (pg_replication_slots.failover, synced) exist from 17 on.
+const failoverSlotsVersion = 170000
+
 func deref[T any](p *T) T {
 	var zero T
 	if p == nil {

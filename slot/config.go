@@ -19,16 +19,24 @@ type Config struct {
 	// Schema and Table name the outbox table.
 	Schema string
 	Table  string
+	// Failover makes a slot that Ensure creates on PostgreSQL 17 or later a
+	// failover slot (pg_create_logical_replication_slot's failover argument):
+	// a standby with sync_replication_slots = on keeps a copy of it, so that
+	// streaming resumes on the standby after a promotion. Ignored before 17,
+	// where slots live only on the primary, and for a slot that exists.
+	Failover bool
 }
 
 // DefaultConfig returns the configuration outboxd uses unless told otherwise:
-// slot and publication "outboxd", table public.outbox.
+// slot and publication "outboxd", table public.outbox, a failover slot on
+// PostgreSQL 17 or later.
 func DefaultConfig() Config {
 	return Config{
 		Slot:        "outboxd",
 		Publication: "outboxd",
 		Schema:      "public",
 		Table:       "outbox",
+		Failover:    true,
 	}
 }
 

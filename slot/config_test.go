@@ -12,7 +12,7 @@ func TestDefaultConfigIsValid(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("DefaultConfig().Validate() = %v", err)
 	}
-	want := Config{Slot: "outboxd", Publication: "outboxd", Schema: "public", Table: "outbox"}
+	want := Config{Slot: "outboxd", Publication: "outboxd", Schema: "public", Table: "outbox", Failover: true}
 	if cfg != want {
 		t.Fatalf("DefaultConfig() = %+v, want %+v", cfg, want)
 	}

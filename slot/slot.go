@@ -96,7 +96,9 @@ func checkPublication(p *publication, cfg Config, table *outboxTable) error {
 //	CREATE PUBLICATION <publication> FOR TABLE <schema>.<table> WITH (publish = 'insert')
 //
 // (adding publish_via_partition_root = true for a partitioned table), then a
-// persistent slot with pg_create_logical_replication_slot(<slot>, 'pgoutput').
+// persistent slot with pg_create_logical_replication_slot(<slot>, 'pgoutput'),
+// which on PostgreSQL 17 or later is a failover slot when cfg.Failover is set
+// (pg_create_logical_replication_slot(<slot>, 'pgoutput', false, false, true)).
 // The order matters: pgoutput resolves the publication in the catalog as of
 // the change it decodes, and fails on changes older than the publication. For
 // that reason, when the slot exists but the publication does not, Ensure
@@ -194,9 +196,21 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 	if !create {
 		return created, slotMissingError(cfg.Slot)
 	}
+	failover := false
+	if cfg.Failover {
+		v, err := serverVersionNum(ctx, conn)
+		if err != nil {
+			return created, err
+		}
+		failover = v >= failoverSlotsVersion
+	}
+	createSQL := `SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput', false)`
+	if failover {
+		// temporary false, two_phase false, failover true.
+		createSQL = `SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`
+	}
 	var lsn string
-	err = conn.QueryRow(ctx, `SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput', false)`,
-		cfg.Slot).Scan(&lsn)
+	err = conn.QueryRow(ctx, createSQL, cfg.Slot).Scan(&lsn)
 	if err != nil {
 		if !isSQLState(err, sqlstateDuplicateObject) {
 			return created, fmt.Errorf("slot: create replication slot %q: %w", cfg.Slot, err)
@@ -210,7 +224,11 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 		}
 		return created, checkUsable(s, db)
 	}
-	return append(created, fmt.Sprintf("replication slot %q (pgoutput) at LSN %s", cfg.Slot, lsn)), nil
+	kind := "pgoutput"
+	if failover {
+		kind = "pgoutput, failover"
+	}
+	return append(created, fmt.Sprintf("replication slot %q (%s) at LSN %s", cfg.Slot, kind, lsn)), nil
 }
 
 func createPublication(ctx context.Context, conn *pgx.Conn, cfg Config, table *outboxTable) error {

@@ -42,6 +42,19 @@ type Status struct {
 	// is -1 (unlimited), or the slot is lost.
 	SafeWALSize *int64
 
+	// Failover is pg_replication_slots.failover: a standby with
+	// sync_replication_slots = on keeps a copy of the slot. nil before
+	// PostgreSQL 17, which has no failover slots.
+	Failover *bool
+	// Synced is pg_replication_slots.synced: the slot is a standby's copy of
+	// a failover slot (always false on a primary; whether a standby holds a
+	// ready copy can only be read on that standby). nil before 17.
+	Synced *bool
+	// InvalidationReason is pg_replication_slots.invalidation_reason
+	// ("wal_removed", "rows_removed", ...), "" while the slot is valid or
+	// before PostgreSQL 17.
+	InvalidationReason string
+
 	// Publication is the configured publication, "" when it does not exist.
 	Publication string
 	// PublicationTables are the tables the publication publishes, as
@@ -58,18 +71,30 @@ func GetStatus(ctx context.Context, conn *pgx.Conn, cfg Config) (Status, error) 
 		return Status{}, err
 	}
 	var (
-		s       slotInfo
-		current *string
+		s                  slotInfo
+		current            *string
+		failover, synced   *bool
+		invalidationReason *string
 	)
-	err := conn.QueryRow(ctx, `
+	version, err := serverVersionNum(ctx, conn)
+	if err != nil {
+		return Status{}, err
+	}
+	failoverColumns := `NULL::bool, NULL::bool, NULL::text`
+	if version >= failoverSlotsVersion {
+		failoverColumns = `failover, synced, invalidation_reason`
+	}
+	err = conn.QueryRow(ctx, `
 SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,
        restart_lsn::text, confirmed_flush_lsn::text, wal_status, safe_wal_size,
        (CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-             ELSE pg_catalog.pg_current_wal_lsn() END)::text
+             ELSE pg_catalog.pg_current_wal_lsn() END)::text,
+       `+failoverColumns+`
 FROM pg_catalog.pg_replication_slots
 WHERE slot_name = $1`, cfg.Slot).Scan(
 		&s.Name, &s.Plugin, &s.SlotType, &s.Database, &s.Temporary, &s.Active, &s.ActivePID,
-		&s.RestartLSN, &s.ConfirmedFlushLSN, &s.WALStatus, &s.SafeWALSize, &current)
+		&s.RestartLSN, &s.ConfirmedFlushLSN, &s.WALStatus, &s.SafeWALSize, &current,
+		&failover, &synced, &invalidationReason)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Status{}, slotMissingError(cfg.Slot)
 	}
@@ -84,6 +109,10 @@ WHERE slot_name = $1`, cfg.Slot).Scan(
 		ActivePID:   deref(s.ActivePID),
 		WALStatus:   deref(s.WALStatus),
 		SafeWALSize: s.SafeWALSize,
+
+		Failover:           failover,
+		Synced:             synced,
+		InvalidationReason: deref(invalidationReason),
 	}
 	if st.ConfirmedFlushLSN, err = parseLSN(s.ConfirmedFlushLSN); err != nil {
 		return Status{}, err

@@ -58,6 +58,7 @@ func newFlagSet(name string, o *options) *flag.FlagSet {
 	fs.StringVar(&o.slot.Publication, "publication", o.slot.Publication, "publication of the outbox table")
 	fs.StringVar(&o.slot.Schema, "schema", o.slot.Schema, "schema of the outbox table")
 	fs.StringVar(&o.slot.Table, "table", o.slot.Table, "outbox table")
+	fs.BoolVar(&o.slot.Failover, "failover-slot", o.slot.Failover, "create the slot as a failover slot (synced to standbys with sync_replication_slots) when PostgreSQL is 17 or later")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines instead of console text")
 	fs.String(configFlag, "", "YAML file of settings, keys named like the flags (precedence: flag > env > file > default)")

@@ -51,6 +51,10 @@ type statusSlot struct {
 	RetainedWALBytes  int64  `json:"retained_wal_bytes"`
 	WALStatus         string `json:"wal_status,omitempty"`
 	SafeWALSize       *int64 `json:"safe_wal_size"`
+	// Failover and Synced: pg_replication_slots (PostgreSQL 17+; absent before).
+	Failover           *bool  `json:"failover,omitempty"`
+	Synced             *bool  `json:"synced,omitempty"`
+	InvalidationReason string `json:"invalidation_reason,omitempty"`
 }
 
 type statusPublication struct {
@@ -137,6 +141,7 @@ func buildStatus(ctx context.Context, conn *pgx.Conn, cfg slot.Config, lim statu
 			CurrentWALLSN: st.CurrentWALLSN.String(),
 			LagBytes:      st.LagBytes, RetainedWALBytes: st.RetainedWALBytes,
 			WALStatus: st.WALStatus, SafeWALSize: st.SafeWALSize,
+			Failover: st.Failover, Synced: st.Synced, InvalidationReason: st.InvalidationReason,
 		}
 		rep.Publication.Exists = st.Publication != ""
 		if st.PublicationTables != nil {
@@ -222,6 +227,12 @@ func printStatus(w io.Writer, rep statusReport) error {
 		}
 		row("wal_status", s.WALStatus)
 		row("safe wal size", safe)
+		if s.Failover != nil {
+			row("failover", *s.Failover)
+		}
+		if s.InvalidationReason != "" {
+			row("invalidation reason", s.InvalidationReason)
+		}
 	} else {
 		row("exists", "no")
 	}
