@@ -64,7 +64,7 @@ COUNT ?= 100
 examples:
 	$(GO) build -o bin/ ./cmd/outboxd ./examples/orderservice ./examples/statusconsumer ./examples/democtl
 
-## db-init: recreate the demo database, migrate, create the publication and slot
+## db-init: recreate the demo database, migrate (outboxd migrate, democtl migrate), create the publication and slot
 ## topic-create: recreate the demo topics and their .dlq topics, forget the consumer group
 ## run-service: create COUNT orders (default 100) through the outbox
 ## chaos-kill-publisher: run outboxd until it crashes after Kafka acked the first batch

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/poll"
 )
 
 // stack is where the benchmark runs: the dev stack's PostgreSQL (superuser
@@ -82,7 +83,8 @@ func uniqueName(prefix string) string {
 	return prefix + "_" + hex.EncodeToString(b[:])
 }
 
-// database is one benchmark database with the outbox migrations applied.
+// database is one benchmark database with the outbox migrations applied,
+// for both sources.
 type database struct {
 	Name     string
 	DSN      string
@@ -111,7 +113,14 @@ func createDatabase(ctx context.Context, s stack, prefix string) (*database, err
 		return nil, err
 	}
 	defer conn.Close(context.Background())
+	// outboxd migrate --source=poll: every database gets the poller's
+	// column and partial index, CDC runs too, so both sources are measured
+	// on one schema (under CDC the index costs one entry per INSERT).
 	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
+		db.drop()
+		return nil, err
+	}
+	if _, err := poll.Migrate(ctx, conn, "public", "outbox"); err != nil {
 		db.drop()
 		return nil, err
 	}

@@ -31,6 +31,7 @@ type store interface {
 // pgStore is the store on a DB.
 type pgStore struct {
 	db        DB
+	table     string
 	insertSQL string
 	dupSQL    string
 }
@@ -43,6 +44,7 @@ func newPGStore(db DB, table string) (*pgStore, error) {
 	t := ident.Sanitize()
 	return &pgStore{
 		db:        db,
+		table:     table,
 		insertSQL: `INSERT INTO ` + t + ` (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
 		dupSQL:    `UPDATE ` + t + ` SET duplicates = duplicates + 1 WHERE outbox_id = $1`,
 	}, nil
@@ -79,6 +81,12 @@ func (s *pgStore) attempt(ctx context.Context, m *Message, h Handler) (dup bool,
 	}()
 	tag, err := tx.Exec(ctx, s.insertSQL, m.OutboxID, m.Topic)
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			// Retried like any database failure, so creating the table
+			// lets the consumer go on; until then the log says how.
+			return false, &dbError{op: fmt.Sprintf("record outbox id %d: dedup table %s missing: create it with consumer.Migrate or consumer.SchemaSQL (outboxd migrate does not)", m.OutboxID, s.table), err: err}
+		}
 		return false, &dbError{op: fmt.Sprintf("record outbox id %d", m.OutboxID), err: err}
 	}
 	if tag.RowsAffected() == 0 {

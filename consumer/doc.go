@@ -13,8 +13,9 @@
 // therefore commit together: a crash before the commit leaves neither (the
 // event is processed again), a crash after it leaves both (the redelivered
 // event finds its id and is skipped as a duplicate). A skipped duplicate
-// increments processed_outbox_ids.duplicates. The table (see
-// migrations/003_consumer.sql) is
+// increments processed_outbox_ids.duplicates. The table ships with this
+// package, not with outboxd migrate: create it with [Migrate] before
+// [Consumer.Run], or add [SchemaSQL] to the service's own migrations. It is
 //
 //	CREATE TABLE processed_outbox_ids (
 //	    outbox_id    bigint      PRIMARY KEY,

@@ -18,18 +18,17 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/migrations"
 )
 
-// newDB gives the test a migrated database with an effects table the test
-// handlers write to, and a pool on it.
+// newDB gives the test a database with the dedup table (Migrate) and an
+// effects table the test handlers write to, and a pool on it.
 func newDB(t *testing.T) (*testenv.PG, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	pg := testenv.Postgres(t)
 	conn := pg.Conn(t)
-	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
-		t.Fatalf("migrate: %v", err)
+	if err := Migrate(ctx, conn, DefaultConfig().DedupTable); err != nil {
+		t.Fatalf("consumer.Migrate: %v", err)
 	}
 	pg.Exec(t, `CREATE TABLE effects (outbox_id bigint PRIMARY KEY, n int NOT NULL DEFAULT 1)`)
 	pool, err := pgxpool.New(ctx, pg.DSN)

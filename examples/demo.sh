@@ -79,7 +79,10 @@ step() { printf '\n=== %s\n' "$*"; }
 
 db_init() {
 	democtl reset-db "$DEMO_DB"
+	# outboxd's own table (outbox), then the examples' (orders, order_status)
+	# and the consumer's dedup table (processed_outbox_ids).
 	"$BIN/outboxd" migrate --pg-dsn "$DEMO_PG_DSN"
+	democtl migrate
 	# The slot must exist before the first order: rows committed before it are never captured.
 	"$BIN/outboxd" slot create --pg-dsn "$DEMO_PG_DSN" --slot "$DEMO_SLOT" --publication "$DEMO_PUBLICATION"
 }

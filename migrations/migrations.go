@@ -1,16 +1,25 @@
-// Package migrations holds outboxd's schema as numbered SQL files embedded in
-// the binary, and a small runner that applies them.
+// Package migrations holds outboxd's own schema as numbered SQL files
+// embedded in the binary (today only the outbox table, 001_outbox.sql), and
+// the small runner that applies them, [Apply]. Other owners run their own
+// numbered files with the same runner, [ApplyFS], each recording its versions
+// in a table of its own: the examples' tables (examples/internal/brew).
 //
 // Files are named NNN_description.sql and applied in numeric order of NNN,
 // each in its own transaction. Applied versions (the NNN prefix, as written)
-// are recorded in the table outboxd_schema_migrations, so Apply is idempotent:
-// a second run applies nothing. Every transaction first takes a
-// transaction-scoped advisory lock (pg_advisory_xact_lock), so concurrent runs,
-// from several outboxd instances starting at once, serialize instead of racing:
-// the later one finds the version recorded and skips it.
+// are recorded in a version table (outboxd_schema_migrations for outboxd's
+// own), so a run is idempotent: a second one applies nothing. Every
+// transaction first takes a transaction-scoped advisory lock
+// (pg_advisory_xact_lock), so concurrent runs, from several outboxd instances
+// starting at once, serialize instead of racing: the later one finds the
+// version recorded and skips it.
 //
-// The publication is not created here: its name is configurable, and the slot
-// package creates it (slot.Ensure).
+// What outboxd does not need for change data capture is not here: the
+// publication (its name is configurable: slot.Ensure creates it), the
+// poller's published_at column and index (poll.Migrate, "outboxd migrate
+// --source=poll"), the consumer's dedup table (consumer.Migrate) and the
+// examples' tables (examples/internal/brew). Versions 002 to 004 held those
+// until they moved to their owners; databases migrated then have them
+// recorded, so they are retired: a new migration of outboxd's starts at 005.
 package migrations
 
 import (
@@ -34,13 +43,9 @@ var files embed.FS
 // Apply against one database. It is "outboxd" read as a big-endian integer.
 const LockKey int64 = 0x6f7574626f7864
 
-// Table is the name of the table that records applied versions.
+// Table is the name of the table that records the applied versions of
+// outboxd's own migrations.
 const Table = "outboxd_schema_migrations"
-
-const createTableSQL = `CREATE TABLE IF NOT EXISTS ` + Table + ` (
-	version    text PRIMARY KEY,
-	applied_at timestamptz DEFAULT now()
-)`
 
 // migration is one embedded file.
 type migration struct {
@@ -50,28 +55,34 @@ type migration struct {
 	sql     string
 }
 
-// Apply applies the embedded migrations that the database has not recorded
-// yet, in numeric order, each in its own transaction, and returns the file
-// names it applied (empty when the schema was up to date).
+// Apply applies outboxd's embedded migrations (the outbox table) that the
+// database has not recorded in [Table] yet: [ApplyFS] with outboxd's files.
+func Apply(ctx context.Context, conn *pgx.Conn, logger *zap.Logger) (applied []string, err error) {
+	return ApplyFS(ctx, conn, logger, files, Table)
+}
+
+// ApplyFS applies the NNN_description.sql files at the root of fsys that
+// versionTable (created if missing, in the search path) has not recorded yet,
+// in numeric order, each in its own transaction, and returns the file names
+// it applied (empty when the schema was up to date). Each owner of migrations
+// has its own versionTable, so their numbers never collide.
 //
 // conn must be idle (not inside a transaction). A failing migration is rolled
 // back and stops the run; the migrations before it stay applied. logger may be
 // nil.
-func Apply(ctx context.Context, conn *pgx.Conn, logger *zap.Logger) (applied []string, err error) {
-	return apply(ctx, conn, logger, files)
-}
-
-func apply(ctx context.Context, conn *pgx.Conn, logger *zap.Logger, fsys fs.FS) ([]string, error) {
+func ApplyFS(ctx context.Context, conn *pgx.Conn, logger *zap.Logger, fsys fs.FS, versionTable string) (applied []string, err error) {
 	if logger == nil {
 		logger = zap.NewNop()
+	}
+	if versionTable == "" {
+		return nil, errors.New("migrations: no version table named: pass the table that records the applied versions")
 	}
 	ms, err := load(fsys)
 	if err != nil {
 		return nil, err
 	}
-	var applied []string
 	for _, m := range ms {
-		done, err := applyOne(ctx, conn, m)
+		done, err := applyOne(ctx, conn, versionTable, m)
 		if err != nil {
 			return applied, err
 		}
@@ -87,7 +98,8 @@ func apply(ctx context.Context, conn *pgx.Conn, logger *zap.Logger, fsys fs.FS) 
 
 // applyOne applies m unless it is recorded, all in one transaction under the
 // advisory lock. It reports whether it applied m.
-func applyOne(ctx context.Context, conn *pgx.Conn, m migration) (applied bool, err error) {
+func applyOne(ctx context.Context, conn *pgx.Conn, versionTable string, m migration) (applied bool, err error) {
+	vt := pgx.Identifier{versionTable}.Sanitize()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return false, fmt.Errorf("migrations: %s: begin: %w", m.name, err)
@@ -102,12 +114,15 @@ func applyOne(ctx context.Context, conn *pgx.Conn, m migration) (applied bool, e
 	if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, LockKey); err != nil {
 		return false, fmt.Errorf("migrations: %s: take advisory lock: %w", m.name, err)
 	}
-	if _, err = tx.Exec(ctx, createTableSQL); err != nil {
-		return false, fmt.Errorf("migrations: create %s: %w", Table, err)
+	if _, err = tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS `+vt+` (
+	version    text PRIMARY KEY,
+	applied_at timestamptz DEFAULT now()
+)`); err != nil {
+		return false, fmt.Errorf("migrations: create %s: %w", versionTable, err)
 	}
 	var exists bool
-	if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+Table+` WHERE version = $1)`, m.version).Scan(&exists); err != nil {
-		return false, fmt.Errorf("migrations: %s: read %s: %w", m.name, Table, err)
+	if err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+vt+` WHERE version = $1)`, m.version).Scan(&exists); err != nil {
+		return false, fmt.Errorf("migrations: %s: read %s: %w", m.name, versionTable, err)
 	}
 	if exists {
 		return false, tx.Commit(ctx)
@@ -117,7 +132,7 @@ func applyOne(ctx context.Context, conn *pgx.Conn, m migration) (applied bool, e
 	if _, err = tx.Exec(ctx, m.sql); err != nil {
 		return false, fmt.Errorf("migrations: apply %s: %w", m.name, err)
 	}
-	if _, err = tx.Exec(ctx, `INSERT INTO `+Table+` (version) VALUES ($1)`, m.version); err != nil {
+	if _, err = tx.Exec(ctx, `INSERT INTO `+vt+` (version) VALUES ($1)`, m.version); err != nil {
 		return false, fmt.Errorf("migrations: %s: record version: %w", m.name, err)
 	}
 	if err = tx.Commit(ctx); err != nil {
@@ -154,7 +169,7 @@ func load(fsys fs.FS) ([]migration, error) {
 		ms = append(ms, migration{num: num, version: prefix, name: name, sql: string(b)})
 	}
 	if len(ms) == 0 {
-		return nil, errors.New("migrations: no *.sql files embedded")
+		return nil, errors.New("migrations: no NNN_description.sql files found")
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].num < ms[j].num })
 	return ms, nil

@@ -82,7 +82,6 @@ WHERE table_schema = 'public' AND table_name = 'outbox'`)
 		"topic":        "text:NO",
 		"payload":      "jsonb:NO",
 		"created_at":   "timestamp with time zone:NO",
-		"published_at": "timestamp with time zone:YES", // 004, for the polling publisher
 	}
 	if len(cols) != len(wantCols) {
 		t.Errorf("outbox has columns %v, want %v", cols, wantCols)
@@ -148,7 +147,7 @@ func TestApplyStopsAtFailure(t *testing.T) {
 		"2_b.sql": {Data: []byte(`CREATE TABLE b (x int); SELECT 1/0`)},
 		"3_c.sql": {Data: []byte(`CREATE TABLE c (x int)`)},
 	}
-	applied, err := apply(ctx, conn, nil, fsys)
+	applied, err := ApplyFS(ctx, conn, nil, fsys, "test_schema_migrations")
 	if err == nil || !strings.Contains(err.Error(), "apply 2_b.sql") {
 		t.Fatalf("apply: err = %v, want the failure of 2_b.sql", err)
 	}
@@ -163,11 +162,79 @@ func TestApplyStopsAtFailure(t *testing.T) {
 		t.Fatalf("tables b, c exist = %v, %v; want neither", b, c)
 	}
 	var versions int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outboxd_schema_migrations`).Scan(&versions); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM test_schema_migrations`).Scan(&versions); err != nil {
 		t.Fatal(err)
 	}
 	if versions != 1 {
 		t.Fatalf("%d versions recorded, want 1", versions)
+	}
+}
+
+// Each owner's versions live in its own table: the same numbers in two sets
+// both apply, and a version table name is quoted.
+func TestApplyFSOwnVersionTables(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	a := fstest.MapFS{"001_a.sql": {Data: []byte(`CREATE TABLE a (x int)`)}}
+	b := fstest.MapFS{"001_b.sql": {Data: []byte(`CREATE TABLE b (x int)`)}}
+	for _, run := range []struct {
+		fsys  fstest.MapFS
+		table string
+		want  []string
+	}{
+		{a, "Owner A", []string{"001_a.sql"}},
+		{b, "owner_b", []string{"001_b.sql"}},
+		{a, "Owner A", nil},
+	} {
+		applied, err := ApplyFS(ctx, conn, nil, run.fsys, run.table)
+		if err != nil {
+			t.Fatalf("ApplyFS into %q: %v", run.table, err)
+		}
+		if !slices.Equal(applied, run.want) {
+			t.Fatalf("ApplyFS into %q applied %q, want %q", run.table, applied, run.want)
+		}
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM "Owner A") + (SELECT count(*) FROM owner_b)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("%d versions recorded, want one per owner", n)
+	}
+	if _, err := ApplyFS(ctx, conn, nil, a, ""); err == nil {
+		t.Fatal("ApplyFS without a version table succeeded")
+	}
+}
+
+// A database migrated before the examples', the consumer's and the poller's
+// schema moved to their owners has versions 001 to 004 recorded and their
+// tables: Apply applies nothing, fails on nothing and drops nothing.
+func TestApplyOnDatabaseMigratedWithRetiredVersions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	pg.Exec(t, `CREATE TABLE outboxd_schema_migrations (version text PRIMARY KEY, applied_at timestamptz DEFAULT now())`)
+	pg.Exec(t, `INSERT INTO outboxd_schema_migrations (version) VALUES ('001'), ('002'), ('003'), ('004')`)
+	pg.Exec(t, `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text NOT NULL, topic text NOT NULL,
+		payload jsonb NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz)`)
+	pg.Exec(t, `CREATE INDEX outbox_unpublished_id_idx ON outbox (id) WHERE published_at IS NULL`)
+	pg.Exec(t, `CREATE TABLE orders (id bigserial PRIMARY KEY)`)
+	pg.Exec(t, `CREATE TABLE processed_outbox_ids (outbox_id bigint PRIMARY KEY)`)
+	pg.Exec(t, `CREATE TABLE order_status (order_id bigint PRIMARY KEY)`)
+	applied, err := Apply(ctx, conn, nil)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("Apply: applied %q, err %v; want nothing", applied, err)
+	}
+	var all bool
+	if err := conn.QueryRow(ctx, `SELECT to_regclass('orders') IS NOT NULL AND to_regclass('processed_outbox_ids') IS NOT NULL
+		AND to_regclass('order_status') IS NOT NULL AND to_regclass('outbox_unpublished_id_idx') IS NOT NULL`).Scan(&all); err != nil {
+		t.Fatal(err)
+	}
+	if !all {
+		t.Fatal("a table or index of the retired migrations is gone")
 	}
 }
 
@@ -213,6 +280,14 @@ func TestEmbeddedFilesLoad(t *testing.T) {
 	}
 	if len(ms) == 0 || ms[0].name != "001_outbox.sql" {
 		t.Fatalf("embedded migrations %v, want 001_outbox.sql first", ms)
+	}
+	// 002 to 004 are recorded on databases migrated before the examples',
+	// the consumer's and the poller's schema moved to their owners: a new
+	// migration under one of these numbers would be skipped there.
+	for _, m := range ms {
+		if m.num >= 2 && m.num <= 4 {
+			t.Errorf("migration %s uses retired version %d: number it 005 or later", m.name, m.num)
+		}
 	}
 }
 

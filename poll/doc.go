@@ -21,8 +21,9 @@
 //
 // Every poll is a query on the primary, also when there is nothing to
 // publish, and every published row is updated once (a new heap tuple and
-// index entries, WAL, later vacuum). The partial index of migration 004 keeps
-// a poll from scanning published rows. Latency is bounded below by the
+// index entries, WAL, later vacuum). The partial index that [Migrate] creates
+// ("outboxd migrate --source=poll", with the published_at column) keeps a
+// poll from scanning published rows. Latency is bounded below by the
 // interval: a row waits on average Interval/2 for the next poll.
 //
 // Order. A row becomes visible to a poll when its transaction commits, not

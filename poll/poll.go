@@ -136,7 +136,7 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 		return false, err
 	}
 	if !tbl.hasIndex {
-		p.log.Warn("no partial index on unpublished rows: every poll scans the outbox; run \"outboxd migrate\" (migrations/004)",
+		p.log.Warn("no partial index on unpublished rows: every poll scans the outbox; run \"outboxd migrate --source=poll\" (blocks writes while it builds) or, on a large outbox, CREATE INDEX CONCURRENTLY ON "+tbl.name+" (id) WHERE published_at IS NULL",
 			zap.String("table", tbl.plain))
 	}
 

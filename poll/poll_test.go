@@ -26,13 +26,17 @@ import (
 	"github.com/outboxd/outboxd/slot"
 )
 
-// migrated gives the test its own database with the outbox migrations applied.
+// migrated gives the test its own database with the outbox migrations
+// applied and the table migrated for polling: outboxd migrate --source=poll.
 func migrated(t *testing.T) *testenv.PG {
 	t.Helper()
 	pg := testenv.Postgres(t)
 	conn := pg.Conn(t)
 	if _, err := migrations.Apply(context.Background(), conn, nil); err != nil {
 		t.Fatalf("migrate: %v", err)
+	}
+	if _, err := Migrate(context.Background(), conn, "public", "outbox"); err != nil {
+		t.Fatalf("poll.Migrate: %v", err)
 	}
 	return pg
 }
@@ -180,7 +184,7 @@ func TestPublishesWhatCDCPublishes(t *testing.T) {
 				Decoder:        replication.DecoderConfig{Columns: replication.DefaultColumns()},
 			}, zap.NewNop())
 		},
-		NewProducer: kafkaProducer(t, k),
+		NewProducer: func(publisher.Identity) (publisher.Producer, error) { return kafkaProducer(t, k)() },
 	})
 	cdcCtx, stopCDC := context.WithCancel(ctx)
 	cdcDone := make(chan error, 1)
@@ -504,9 +508,9 @@ func TestSchemaErrorsHalt(t *testing.T) {
 	for _, tc := range []struct {
 		name, setup, want string
 	}{
-		{"no table", `SELECT 1`, `outbox table public.outbox does not exist: run "outboxd migrate" or create it`},
+		{"no table", `SELECT 1`, `outbox table public.outbox does not exist: run "outboxd migrate --source=poll" or create it`},
 		{"not migrated", `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text, topic text, payload jsonb)`,
-			`outbox table public.outbox has no column "published_at": run "outboxd migrate"`},
+			`outbox table public.outbox has no column "published_at": run "outboxd migrate --source=poll" (poll.Migrate adds it)`},
 		{"no topic", `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text, payload jsonb, published_at timestamptz)`,
 			`outbox table public.outbox has no column "topic": add it (see migrations/001_outbox.sql) or configure a default topic`},
 		{"text id", `CREATE TABLE outbox (id text PRIMARY KEY, aggregate_id text, topic text, payload jsonb, published_at timestamptz)`,

@@ -74,7 +74,7 @@ func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
 		return nil, fmt.Errorf("poll: read columns of %s: %w", plain, err)
 	}
 	if len(types) == 0 {
-		return nil, halt(ErrSchema, "outbox table %s does not exist: run \"outboxd migrate\" or create it", plain)
+		return nil, halt(ErrSchema, "outbox table %s does not exist: run \"outboxd migrate --source=poll\" or create it", plain)
 	}
 	missing := func(col, hint string) error {
 		return halt(ErrSchema, "outbox table %s has no column %q: %s", plain, col, hint)
@@ -85,7 +85,7 @@ func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
 		}
 	}
 	if types["published_at"] == "" {
-		return nil, missing("published_at", "run \"outboxd migrate\" (migrations/004_poll_published_at.sql adds it)")
+		return nil, missing("published_at", "run \"outboxd migrate --source=poll\" (poll.Migrate adds it)")
 	}
 	switch types["id"] {
 	case "int2", "int4", "int8":
@@ -130,10 +130,7 @@ func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
 		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
 	t.updateSQL = "UPDATE " + qualified + " SET published_at = now() WHERE id = ANY($1)"
 
-	err = conn.QueryRow(ctx, `
-		SELECT EXISTS (SELECT 1 FROM pg_index
-		 WHERE indrelid = to_regclass($1) AND indpred IS NOT NULL
-		   AND pg_get_expr(indpred, indrelid) ILIKE '%published_at IS NULL%')`, qualified).Scan(&t.hasIndex)
+	err = conn.QueryRow(ctx, partialIndexSQL, qualified).Scan(&t.hasIndex)
 	if err != nil {
 		return nil, fmt.Errorf("poll: read indexes of %s: %w", plain, err)
 	}

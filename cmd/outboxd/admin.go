@@ -8,8 +8,10 @@ import (
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -24,10 +26,20 @@ func adminConn(ctx context.Context, o *options) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+// cmdMigrate applies what outboxd itself needs: its embedded migrations
+// (the outbox table public.outbox) and, with --source=poll, the poller's
+// published_at column and partial index on the --schema/--table outbox
+// (poll.Migrate). The consumer's dedup table (consumer.Migrate) and the
+// examples' tables (examples/internal/brew) ship with their owners.
 func cmdMigrate(ctx context.Context, args []string) error {
 	var o options
-	if err := parse(newFlagSet("migrate", &o), args); err != nil {
+	fs := newFlagSet("migrate", &o)
+	fs.StringVar(&o.poll.source, "source", sourceCDC, "the source outboxd run will use: cdc (the outbox table) or poll (also the published_at column and the partial index the poller needs, on --schema/--table)")
+	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if o.poll.source != sourceCDC && o.poll.source != sourcePoll {
+		return fmt.Errorf("invalid configuration: --source %q: use %s or %s", o.poll.source, sourceCDC, sourcePoll)
 	}
 	logger, err := o.logger(os.Stderr)
 	if err != nil {
@@ -39,14 +51,25 @@ func cmdMigrate(ctx context.Context, args []string) error {
 	}
 	defer conn.Close(context.Background())
 	applied, err := migrations.Apply(ctx, conn, logger)
+	for _, a := range applied {
+		fmt.Println("migrate: applied", a)
+	}
 	if err != nil {
 		return err
 	}
+	if o.poll.source == sourcePoll {
+		created, err := poll.Migrate(ctx, conn, o.slot.Schema, o.slot.Table)
+		if err != nil {
+			return err
+		}
+		for _, c := range created {
+			logger.Info("created for --source=poll", zap.String("object", c))
+			fmt.Println("migrate: created", c)
+			applied = append(applied, c)
+		}
+	}
 	if len(applied) == 0 {
 		fmt.Println("migrate: up to date")
-	}
-	for _, a := range applied {
-		fmt.Println("migrate: applied", a)
 	}
 	return nil
 }
@@ -120,6 +143,11 @@ func cmdSlotStatus(ctx context.Context, args []string) error {
 	row("lag bytes", st.LagBytes)
 	row("retained wal bytes", st.RetainedWALBytes)
 	row("wal_status", st.WALStatus)
+	if st.Failover != nil { // PostgreSQL 17+
+		row("failover", *st.Failover)
+		row("synced", *st.Synced)
+		row("invalidation_reason", st.InvalidationReason)
+	}
 	row("publication", st.Publication)
 	row("publication tables", strings.Join(st.PublicationTables, ", "))
 	return w.Flush()

@@ -15,7 +15,7 @@ const usage = `outboxd publishes transactional-outbox rows from PostgreSQL to Ka
 
 Usage:
   outboxd run [flags]            stream outbox INSERTs from the slot to Kafka
-  outboxd migrate [flags]        create the outbox table (embedded migrations)
+  outboxd migrate [flags]        create the outbox table; --source=poll: also what polling needs
   outboxd slot create [flags]    create the publication and the replication slot
   outboxd slot drop [flags]      drop the replication slot (and, with --publication-too, the publication)
   outboxd slot status [flags]    show the slot, its lag and retained WAL

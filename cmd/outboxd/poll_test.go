@@ -14,6 +14,7 @@ import (
 func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 6)
+	migrateForPoll(t, e.dsn)
 	e.exec(`CREATE TABLE hooked (id bigint PRIMARY KEY)`)
 	d := startDaemon(t, e.args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
 		"--hook", e.topic+"=INSERT INTO hooked (id) SELECT $2::bigint WHERE $1::text IS NOT NULL ON CONFLICT DO NOTHING")...)
@@ -45,6 +46,22 @@ func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	}
 }
 
+// migrateForPoll runs "outboxd migrate --source=poll" on a database where
+// "outboxd migrate" ran: it adds the column and the index, then, run again,
+// nothing.
+func migrateForPoll(t *testing.T, dsn string) {
+	t.Helper()
+	for _, want := range []string{
+		"migrate: created column public.outbox.published_at\nmigrate: created index public.outbox_unpublished_id_idx\n",
+		"migrate: up to date\n",
+	} {
+		d := startDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
+		if code := d.wait(60 * time.Second); code != 0 || d.out.String() != want {
+			t.Fatalf("outboxd migrate --source=poll: exit %d, output:\n%s\nwant exit 0 and:\n%s", code, d.out, want)
+		}
+	}
+}
+
 func TestRunSourcePollErrors(t *testing.T) {
 	t.Parallel()
 	k := testenv.Kafka(t)
@@ -58,7 +75,12 @@ func TestRunSourcePollErrors(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
 		pg.Exec(t, `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text NOT NULL, topic text NOT NULL, payload jsonb NOT NULL)`)
-		expectExit(t, `outbox table public.outbox has no column "published_at": run "outboxd migrate" (migrations/004_poll_published_at.sql adds it)`,
+		expectExit(t, `outbox table public.outbox has no column "published_at": run "outboxd migrate --source=poll" (poll.Migrate adds it)`,
 			"run", "--pg-dsn", pg.DSN, "--kafka-brokers", brokers, "--source", "poll")
+	})
+	t.Run("migrate unknown source", func(t *testing.T) {
+		t.Parallel()
+		expectExit(t, `invalid configuration: --source "wal": use cdc or poll`,
+			"migrate", "--pg-dsn", "postgres://localhost/x", "--source", "wal")
 	})
 }

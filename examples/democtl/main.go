@@ -4,6 +4,8 @@
 //
 //	democtl dsn DB                 print OUTBOXD_PG_DSN with its database set to DB
 //	democtl reset-db DB            drop database DB (its replication slots first), create it empty
+//	democtl migrate                create the examples' tables (orders, order_status) and the
+//	                               consumer's processed_outbox_ids, after "outboxd migrate"
 //	democtl topics T:P ...         delete and recreate topics with P partitions
 //	democtl delete-group           forget the consumer group's offsets
 //	democtl count WHAT             print one number; WHAT is orders, outbox, pending,
@@ -74,7 +76,7 @@ func (s *settings) names() democheck.Names {
 
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return errors.New("usage: democtl dsn|reset-db|topics|delete-group|count|wait-published|wait-consumed|check|hook [flags] (see the package doc)")
+		return errors.New("usage: democtl dsn|reset-db|migrate|topics|delete-group|count|wait-published|wait-consumed|check|hook [flags] (see the package doc)")
 	}
 	cmd := args[0]
 	s := &settings{}
@@ -111,6 +113,24 @@ func run(ctx context.Context, args []string) error {
 			return errors.New("usage: democtl reset-db DATABASE")
 		}
 		return resetDB(ctx, os.Getenv("OUTBOXD_PG_DSN"), rest[0])
+	case "migrate":
+		if s.dsn == "" {
+			return errors.New("no --pg-dsn (or DEMO_PG_DSN)")
+		}
+		conn, err := pgx.Connect(ctx, s.dsn)
+		if err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		defer conn.Close(context.Background())
+		applied, err := brew.Migrate(ctx, conn, nil)
+		for _, a := range applied {
+			fmt.Printf("democtl migrate: applied %s (examples/internal/brew/migrations)\n", a)
+		}
+		if err != nil {
+			return err
+		}
+		fmt.Println("democtl migrate: orders, order_status and the consumer's processed_outbox_ids ready")
+		return nil
 	case "topics":
 		return withKafka(s, func(client sarama.Client, admin sarama.ClusterAdmin) error {
 			return recreateTopics(ctx, admin, rest)

@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	bins, err = testproc.Build(dir, "./cmd/outboxd", "./examples/orderservice", "./examples/statusconsumer")
+	bins, err = testproc.Build(dir, "./cmd/outboxd", "./examples/democtl", "./examples/orderservice", "./examples/statusconsumer")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -69,6 +69,7 @@ func TestCrashDemo(t *testing.T) {
 		return out
 	}
 	run(time.Minute, "outboxd", "migrate", "--pg-dsn", pg.DSN)
+	run(time.Minute, "democtl", "migrate", "--pg-dsn", pg.DSN)
 	run(time.Minute, "outboxd", "slot", "create", "--pg-dsn", pg.DSN, "--slot", slot, "--publication", slot)
 	run(2*time.Minute, "orderservice", "--pg-dsn", pg.DSN, "--count", strconv.Itoa(orders),
 		"--topic", ordersTopic, "--status-topic", statusTopic)

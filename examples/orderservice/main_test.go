@@ -20,6 +20,9 @@ func migrated(t *testing.T) (*testenv.PG, *pgx.Conn) {
 	if _, err := migrations.Apply(context.Background(), conn, nil); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
+	if _, err := brew.Migrate(context.Background(), conn, nil); err != nil {
+		t.Fatalf("brew.Migrate: %v", err)
+	}
 	return pg, conn
 }
 

@@ -108,8 +108,12 @@ func publish(t *testing.T, k *testenv.KafkaEnv, topic string, evs ...evt) {
 func migratedPool(t *testing.T) (*testenv.PG, *pgxpool.Pool) {
 	t.Helper()
 	pg := testenv.Postgres(t)
-	if _, err := migrations.Apply(context.Background(), pg.Conn(t), nil); err != nil {
+	conn := pg.Conn(t)
+	if _, err := migrations.Apply(context.Background(), conn, nil); err != nil {
 		t.Fatalf("migrate: %v", err)
+	}
+	if _, err := brew.Migrate(context.Background(), conn, nil); err != nil {
+		t.Fatalf("brew.Migrate: %v", err)
 	}
 	pool, err := pgxpool.New(context.Background(), pg.DSN)
 	if err != nil {
