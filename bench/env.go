@@ -192,6 +192,9 @@ func kafkaConfig() *sarama.Config {
 	c.ClientID = "outboxd-bench"
 	c.Net.DialTimeout = 5 * time.Second
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
+	// An exactly-once source's records count when committed, as its
+	// consumers see them.
+	c.Consumer.IsolationLevel = sarama.ReadCommitted
 	c.Consumer.MaxWaitTime = 100 * time.Millisecond
 	c.Consumer.Fetch.Default = 4 << 20
 	c.ChannelBufferSize = 4096
