@@ -256,3 +256,139 @@ func (e *env) emptyTransactions(ctx context.Context, rate int) int {
 	}
 	return n
 }
+
+// TestFailoverSlotTakeover: PostgreSQL 17 with a physical standby that syncs
+// outboxd's failover slot. outboxd connects with a multi-host DSN
+// (target_session_attrs=read-write) and publishes 300 events/s; once the
+// standby's copy of the slot is ready, the primary stops and the standby is
+// promoted. outboxd must carry on from the synced slot on the new primary
+// without exiting: nothing lost, per-key order kept.
+func TestFailoverSlotTakeover(t *testing.T) {
+	t.Parallel()
+	version := pgTestVersion()
+	if major, _ := strconv.Atoi(strings.SplitN(version, ".", 2)[0]); major < 17 {
+		t.Skipf("PostgreSQL %s has no failover slots (17+)", version)
+	}
+	primary := testenv.StartPostgresVersion(t, version)
+	e, _ := serverEnv(t, primary, 3)
+	db := strings.TrimPrefix(mustURL(t, e.dsn).Path, "/")
+	standby := primary.StartStandby(testenv.UniqueName("standby"))
+	e.dsn = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
+		primary.Port, standby.Port, db)
+	d := e.start()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writers := make(chan error, 3)
+	for w := range 3 {
+		go func() { writers <- e.resilientWriter(ctx, w, 3, 100) }()
+	}
+
+	// The standby's copy of the slot is ready for a failover.
+	sc, err := pgx.Connect(context.Background(), standby.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(context.Background())
+	began := time.Now()
+	for {
+		var ready bool
+		err := sc.QueryRow(context.Background(), `SELECT coalesce(bool_or(synced AND NOT temporary AND invalidation_reason IS NULL), false)
+			FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&ready)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready {
+			break
+		}
+		if time.Since(began) > 90*time.Second {
+			t.Fatalf("the standby's copy of slot %s is not ready after 90 s", e.slot)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("slot synced on the standby after %s", time.Since(began).Round(time.Millisecond))
+	time.Sleep(3 * time.Second)
+
+	stopped := time.Now()
+	primary.Stop("fast")
+	if _, err := sc.Exec(context.Background(), `SELECT pg_promote()`); err != nil {
+		t.Fatalf("promote: %v", err)
+	}
+	promoted := time.Now()
+	base := endOffsets(e.brokers, e.topic)
+	var takeover time.Duration
+	for {
+		if n := endOffsets(e.brokers, e.topic); n > base && base >= 0 {
+			takeover = time.Since(stopped)
+			break
+		}
+		if d.exited() {
+			t.Fatalf("outboxd exited after the failover: %s", d.p.Tail(30))
+		}
+		if time.Since(promoted) > 60*time.Second {
+			t.Fatalf("outboxd published nothing within 60 s of the promotion: %s", d.p.Tail(30))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(5 * time.Second)
+	cancel()
+	for range 3 {
+		if err := <-writers; err != nil {
+			t.Errorf("writer: %v", err)
+		}
+	}
+	e.settle()
+	v, n := e.delivered(60 * time.Second)
+	if d.exited() {
+		t.Fatalf("outboxd exited: %s", d.p.Tail(30))
+	}
+	d.stop()
+	t.Logf("PostgreSQL %s failover: %d rows, %s; primary stopped → standby promoted in %s, publishing again %s after the stop; restarts %v",
+		version, n, v, promoted.Sub(stopped).Round(time.Millisecond), takeover.Round(time.Millisecond), d.restarts())
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("delivery across the failover: %s", v)
+	}
+}
+
+func mustURL(t testing.TB, dsn string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// resilientWriter inserts single-row transactions at about rate per second
+// over writer w's own aggregates (w, w+writers, ...) until ctx ends, riding
+// out a failover: on an error it reconnects (e.dsn may name several hosts)
+// and writes the next row.
+func (e *env) resilientWriter(ctx context.Context, w, writers, rate int) error {
+	var c *pgx.Conn
+	defer func() {
+		if c != nil {
+			c.Close(context.Background())
+		}
+	}()
+	for seq := 0; ctx.Err() == nil; {
+		if c == nil {
+			var err error
+			if c, err = pgx.Connect(ctx, e.dsn); err != nil {
+				c = nil
+				time.Sleep(100 * time.Millisecond)
+				continue
+			}
+		}
+		agg := fmt.Sprintf("agg-%d", w+writers*(seq%17))
+		_, err := c.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ($1, $2, $3::jsonb)`,
+			agg, e.topic, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq))
+		if err != nil {
+			c.Close(context.Background())
+			c = nil
+			continue
+		}
+		seq++
+		time.Sleep(time.Second / time.Duration(rate))
+	}
+	return nil
+}
