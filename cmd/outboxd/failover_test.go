@@ -201,7 +201,7 @@ func emptyTransactionFlood(t *testing.T, e *env, k *testenv.KafkaEnv) {
 	d.stop()
 	growth := held - base
 	t.Logf("%d empty transactions in %s (%.0f/s), %d events: %s; peak RSS %d MiB before the held ack, +%d MiB after %s held; slot lag afterwards %d bytes",
-		empty, 2*phase+holdFor, float64(empty)/(phase+holdFor+2*time.Second).Seconds(), n, v, base>>20, growth>>20, holdFor, lag)
+		empty, phase+holdFor+2*time.Second, float64(empty)/(phase+holdFor+2*time.Second).Seconds(), n, v, base>>20, growth>>20, holdFor, lag)
 	if v != (verdict{}) {
 		t.Errorf("delivery: %s", v)
 	}
