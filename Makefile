@@ -52,6 +52,19 @@ test: deps lint
 	echo "go test -race -count=1 -timeout 25m ./..."; \
 	$(GO) test -race -count=1 -timeout 25m ./...
 
+## test-pg14 / test-pg16 / test-pg17: outboxd's PostgreSQL-version tests
+## (cmd/outboxd TestRunOnPostgresVersion, TestFailover*) on a private server of
+## that major from Maven Central, beside the dev stack's Kafka (make test runs
+## them on 17). On 14 they add a flood of empty transactions.
+.PHONY: test-pg14 test-pg16 test-pg17
+test-pg14 test-pg16 test-pg17: deps
+	@set -euo pipefail; \
+	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
+	set -a; source ./.devstack.env; set +a; \
+	OUTBOXD_TEST_PG_VERSION=$(@:test-pg%=%) $(GO) test -race -count=1 -timeout 15m \
+		-run '^(TestRunOnPostgresVersion|TestFailover.*)$$' -v ./cmd/outboxd/
+
 ## ---- The demo (README.md, "The demo"): examples/demo.sh does each step on
 ## the dev stack, in a database, slot, topics and group of its own.
 DEMO  := examples/demo.sh
