@@ -86,6 +86,17 @@ func (p *Producer) coordinatorCall(what string, deadline time.Time, fn func(*sar
 		case !coordinatorRetriable(err) || time.Now().After(deadline):
 			return fmt.Errorf("%s: %w", what, err)
 		}
+		if errors.Is(err, sarama.ErrConcurrentTransactions) {
+			// The previous transaction's markers are still being written:
+			// the usual case for the first AddPartitionsToTxn after a commit,
+			// over in a millisecond or two. Retry soon, and quietly.
+			if attempt%50 == 0 {
+				p.log.Warn("kafka transaction coordinator still busy with the previous transaction; retrying",
+					zap.String("request", what), zap.Int("attempt", attempt))
+			}
+			time.Sleep(backoff.Exponential(time.Millisecond, p.cfg.RetryBackoffMax, attempt))
+			continue
+		}
 		if attempt == 1 || attempt%10 == 0 {
 			p.log.Warn("kafka transaction coordinator request failed; retrying", zap.String("request", what),
 				zap.Int("attempt", attempt), zap.Error(err))
