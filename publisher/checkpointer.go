@@ -138,10 +138,17 @@ func (p *Pipeline) committed(ctx context.Context, b replication.Begin, c replica
 // checkpoint of its last Postgres transaction, commits, and only then lets
 // the watermark (and so the slot) move past them.
 func (p *Pipeline) commitKafkaTxn(ctx context.Context) error {
+	// The checkpoint goes out at once, beside the records still in flight:
+	// the commit makes them visible together, so their order does not matter
+	// and the round trips overlap.
+	cp, err := p.sendCheckpoint(ctx, p.cp.last)
+	if err != nil {
+		return err
+	}
 	if err := p.drain(ctx); err != nil {
 		return err
 	}
-	if err := p.writeCheckpoint(ctx, p.cp.last); err != nil {
+	if err := p.checkpointWritten(ctx, cp); err != nil {
 		return err
 	}
 	if err := p.prod.(committer).Commit(ctx); err != nil {
@@ -163,14 +170,25 @@ func (p *Pipeline) commitKafkaTxn(ctx context.Context) error {
 // writeCheckpoint sends a checkpoint record and waits for its
 // acknowledgement.
 func (p *Pipeline) writeCheckpoint(ctx context.Context, cp Checkpoint) error {
+	if _, err := p.sendCheckpoint(ctx, cp); err != nil {
+		return err
+	}
+	return p.checkpointWritten(ctx, cp)
+}
+
+// sendCheckpoint sends a checkpoint record; its acknowledgement comes back on
+// the checkpoint channel (checkpointWritten).
+func (p *Pipeline) sendCheckpoint(ctx context.Context, cp Checkpoint) (Checkpoint, error) {
 	r, err := checkpointRecord(p.cp.topic, p.cp.id, cp)
 	if err != nil {
-		return err
+		return cp, err
 	}
 	r.Done = p.cp.acks
-	if err := p.prod.Send(ctx, r); err != nil {
-		return err
-	}
+	return cp, p.prod.Send(ctx, r)
+}
+
+// checkpointWritten waits for the acknowledgement of the checkpoint sent.
+func (p *Pipeline) checkpointWritten(ctx context.Context, cp Checkpoint) error {
 	select {
 	case r := <-p.cp.acks:
 		if r.Err != nil {
