@@ -61,10 +61,22 @@ func (w *Watermark) Ack(t *txn) {
 }
 
 // Commit records t's end LSN; t is done once its events are acked.
+//
+// A transaction that is done at its commit (no event in flight: an empty
+// one, as PostgreSQL 14 sends for every transaction, or one whose events
+// were all acknowledged) merges into the done transaction before it, so a
+// flood of them behind one slow acknowledgement keeps the queue short.
 func (w *Watermark) Commit(t *txn, end pglogrepl.LSN) {
 	w.mu.Lock()
 	t.end = end
 	t.committed = true
+	if n := len(w.queue); t.pending == 0 && n >= 2 && w.queue[n-1] == t {
+		if prev := w.queue[n-2]; prev.committed && prev.pending == 0 {
+			prev.end = end
+			w.queue[n-1] = nil
+			w.queue = w.queue[:n-1]
+		}
+	}
 	w.advance()
 	w.mu.Unlock()
 }

@@ -74,3 +74,27 @@ func BenchmarkWatermark(b *testing.B) {
 		w.Ack(tx)
 	}
 }
+
+// Postgres 14 sends Begin/Commit for every transaction, published table or
+// not: a flood of empty transactions behind one slow acknowledgement must
+// not grow the queue, and confirms everything once the ack comes.
+func TestWatermarkEmptyTransactionsBehindASlowAckStayBounded(t *testing.T) {
+	w := NewWatermark(100)
+	slow := w.Begin(time.Time{})
+	w.Add(slow)
+	w.Commit(slow, 200)
+	for i := 0; i < 100000; i++ {
+		e := w.Begin(time.Time{})
+		w.Commit(e, pglogrepl.LSN(300+i))
+	}
+	if n := w.InFlight(); n > 3 {
+		t.Fatalf("%d transactions queued behind one unacked event, want ≤ 3", n)
+	}
+	if got := w.Confirmed(); got != 100 {
+		t.Fatalf("confirmed %d past an unacked event", got)
+	}
+	w.Ack(slow)
+	if got := w.Confirmed(); got != pglogrepl.LSN(300+99999) {
+		t.Fatalf("confirmed %d after the ack, want the last empty transaction's end %d", got, 300+99999)
+	}
+}
