@@ -14,6 +14,9 @@ var (
 	// ErrSlotMissing means the slot does not exist. It is slot.ErrSlotMissing:
 	// one sentinel, whichever package noticed.
 	ErrSlotMissing = slot.ErrSlotMissing
+	// ErrSlotLost means the slot was invalidated: the WAL it needed is gone,
+	// so events after its position cannot be read any more.
+	ErrSlotLost = errors.New("replication slot lost")
 	// ErrStreamEnded means the server ended the replication stream.
 	ErrStreamEnded = errors.New("replication stream ended")
 )

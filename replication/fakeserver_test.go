@@ -25,7 +25,7 @@ type fakeServer struct {
 	ln net.Listener
 
 	// Set before the stream connects.
-	slotRow []string // plugin, active, active_pid, confirmed_flush_lsn; nil: no slot
+	slotRow []string // plugin, active, active_pid, confirmed_flush_lsn, wal_status; nil: no slot
 	// silentAt stops the handshake: "startup" (never answer the startup
 	// message) or "query" (never answer the slot query).
 	silentAt string
@@ -59,7 +59,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	f := &fakeServer{
 		t:       t,
 		ln:      ln,
-		slotRow: []string{"pgoutput", "f", "0", "0/1000"},
+		slotRow: []string{"pgoutput", "f", "0", "0/1000", "reserved"},
 		queries: make(chan string, 16),
 		status:  make(chan statusUpdate, 1024),
 		ended:   make(chan error, 1),
@@ -168,6 +168,7 @@ func (f *fakeServer) answerSlotQuery() {
 		{Name: []byte("plugin"), DataTypeOID: 19},
 		{Name: []byte("active"), DataTypeOID: 16},
 		{Name: []byte("coalesce"), DataTypeOID: 23},
+		{Name: []byte("coalesce"), DataTypeOID: 25},
 		{Name: []byte("coalesce"), DataTypeOID: 25},
 	}}}
 	n := 0

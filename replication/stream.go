@@ -135,7 +135,7 @@ func (s *Stream) startReplication(ctx context.Context) error {
 		return fmt.Errorf("replication: identify system: %w", err)
 	}
 	res := s.conn.Exec(ctx,
-		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0') FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
+		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0'), coalesce(wal_status, '') FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
 	rows, err := res.ReadAll()
 	if err != nil {
 		return fmt.Errorf("replication: read slot %q: %w", s.cfg.Slot, err)
@@ -146,6 +146,10 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	r := rows[0].Rows[0]
 	if plugin := string(r[0]); plugin != "pgoutput" {
 		return fmt.Errorf("replication: slot %q uses plugin %q, outboxd needs \"pgoutput\"", s.cfg.Slot, plugin)
+	}
+	if string(r[4]) == "lost" {
+		return fmt.Errorf("%w: replication slot %q lost WAL it still needed (wal_status lost: invalidated, e.g. by max_slot_wal_keep_size) after position %s: events committed since then can no longer be read; republish them from the outbox table, then drop the slot (\"outboxd slot drop\") and start again with --accept-gap",
+			ErrSlotLost, s.cfg.Slot, string(r[3]))
 	}
 	if string(r[1]) == "t" {
 		pid, _ := strconv.Atoi(string(r[2]))

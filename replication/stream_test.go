@@ -471,3 +471,15 @@ func TestStreamConfigZeroDurationsTakeDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Rule: a slot whose WAL is gone (wal_status lost) is a clear, fatal error,
+// not a retry loop.
+func TestStreamRefusesALostSlot(t *testing.T) {
+	f := newFakeServer(t)
+	f.slotRow = []string{"pgoutput", "f", "0", "0/1000", "lost"}
+	go f.serve()
+	_, err := Open(context.Background(), testConfig(f), zap.NewNop())
+	if !errors.Is(err, ErrSlotLost) || !strings.Contains(err.Error(), "0/1000") {
+		t.Fatalf("Open: %v, want ErrSlotLost naming the position", err)
+	}
+}
