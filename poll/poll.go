@@ -395,6 +395,18 @@ func (w *worker) read(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("poll: select: %w", err)
 	}
+	if w.events, err = scanEvents(rows, w.tbl, w.events); err != nil {
+		return err
+	}
+	for _, ev := range w.events {
+		w.ids = append(w.ids, ev.ID)
+	}
+	return nil
+}
+
+// scanEvents reads the rows of a query of table.columnsSQL as events, as
+// the pgoutput decoder would see them, and closes rows.
+func scanEvents(rows pgx.Rows, tbl *table, events []replication.Event) ([]replication.Event, error) {
 	defer rows.Close()
 	var (
 		id                    int64
@@ -405,28 +417,27 @@ func (w *worker) read(ctx context.Context, tx pgx.Tx) error {
 	for rows.Next() {
 		payload = nil
 		if err := rows.Scan(&id, &agg, &payload, &topic, &created, &eventType); err != nil {
-			return halt(ErrBadRow, "outbox table %s: read a row: %v", w.tbl.plain, err)
+			return events, halt(ErrBadRow, "outbox table %s: read a row: %v", tbl.plain, err)
 		}
 		if !agg.Valid || payload == nil {
 			col := "aggregate_id"
 			if agg.Valid {
 				col = "payload"
 			}
-			return halt(ErrBadRow, "outbox row id=%d: column %q is NULL", id, col)
+			return events, halt(ErrBadRow, "outbox row id=%d: column %q is NULL", id, col)
 		}
 		ev := replication.Event{ID: id, AggregateID: agg.String, Payload: payload,
 			Topic: topic.String, EventType: eventType.String}
 		if created.Valid {
 			if created.InfinityModifier != pgtype.Finite {
-				return halt(ErrBadRow, "outbox row id=%d: column \"created_at\" is infinite", id)
+				return events, halt(ErrBadRow, "outbox row id=%d: column \"created_at\" is infinite", id)
 			}
 			ev.CreatedAt = created.Time
 		}
-		w.events = append(w.events, ev)
-		w.ids = append(w.ids, id)
+		events = append(events, ev)
 	}
 	if err := rows.Err(); err != nil {
-		return fmt.Errorf("poll: select: %w", err)
+		return events, fmt.Errorf("poll: select: %w", err)
 	}
-	return nil
+	return events, nil
 }

@@ -37,6 +37,7 @@ func halt(sentinel error, format string, args ...any) error {
 type table struct {
 	name       string // quoted schema.table, for SQL
 	plain      string // schema.table, for logs
+	columnsSQL string // SELECT <the columns an Event needs> FROM <table>
 	selectSQL  string
 	updateSQL  string
 	hasIndex   bool     // a partial index WHERE published_at IS NULL exists
@@ -50,6 +51,12 @@ type table struct {
 // except a bytea payload, which is raw bytes; a timestamp without time zone
 // is taken as UTC.
 func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
+	return inspectFor(ctx, conn, cfg, true)
+}
+
+// inspectFor is inspect; without poll, the table needs no published_at (a
+// replay reads any outbox table, as CDC does).
+func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*table, error) {
 	qualified := pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize()
 	plain := cfg.Schema + "." + cfg.Table
 	rows, err := conn.Query(ctx, `
@@ -84,7 +91,7 @@ func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
 			return nil, missing(col, "add it (see migrations/001_outbox.sql)")
 		}
 	}
-	if types["published_at"] == "" {
+	if poll && types["published_at"] == "" {
 		return nil, missing("published_at", "run \"outboxd migrate --source=poll\" (poll.Migrate adds it)")
 	}
 	switch types["id"] {
@@ -126,8 +133,11 @@ func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
 	} else {
 		sel = append(sel, "NULL::text")
 	}
-	t.selectSQL = "SELECT " + strings.Join(sel, ", ") + " FROM " + qualified +
-		" WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+	t.columnsSQL = "SELECT " + strings.Join(sel, ", ") + " FROM " + qualified
+	if !poll {
+		return t, nil
+	}
+	t.selectSQL = t.columnsSQL + " WHERE published_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
 	t.updateSQL = "UPDATE " + qualified + " SET published_at = now() WHERE id = ANY($1)"
 
 	err = conn.QueryRow(ctx, partialIndexSQL, qualified).Scan(&t.hasIndex)

@@ -287,3 +287,31 @@ func (p *Pipeline) finalCheckpoint(ctx context.Context) error {
 	c.covered.Store(uint64(end))
 	return nil
 }
+
+// resetCheckpoint writes a checkpoint at the slot's position, before the
+// session streams: the gap before it was accepted.
+func resetCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, at pglogrepl.LSN) error {
+	r, err := checkpointRecord(cfg.CheckpointTopic, id, Checkpoint{EndLSN: at})
+	if err != nil {
+		return err
+	}
+	done := make(chan *kafka.Record, 1)
+	r.Done = done
+	if err := prod.Send(ctx, r); err != nil {
+		return err
+	}
+	select {
+	case r := <-done:
+		if r.Err != nil {
+			return fmt.Errorf("publisher: reset the checkpoint to %s: %w", at, r.Err)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if cfg.Delivery == ExactlyOnce {
+		if err := prod.(committer).Commit(ctx); err != nil {
+			return fmt.Errorf("publisher: commit the checkpoint reset to %s: %w", at, err)
+		}
+	}
+	return nil
+}

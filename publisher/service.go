@@ -155,8 +155,18 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 	var cp *checkpointing
 	if s.deps.ReadCheckpoint != nil {
 		c, err := s.deps.ReadCheckpoint(ctx, id)
-		if err == nil && !s.cfg.AcceptGap {
+		if err == nil {
 			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
+		}
+		if errors.Is(err, ErrGap) && s.cfg.AcceptGap {
+			// Accepted once: the checkpoint starts over at the slot, so
+			// later sessions check against it again.
+			s.log.Warn("accepting the gap (--accept-gap): the checkpoint starts over at the slot's position", zap.Error(err))
+			err = resetCheckpoint(ctx, prod, s.cfg, id, src.StartLSN())
+			c = nil
+			if err == nil {
+				s.cfg.AcceptGap = false
+			}
 		}
 		if err != nil {
 			prod.Close()

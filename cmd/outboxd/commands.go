@@ -20,6 +20,8 @@ Usage:
   outboxd slot drop [flags]      drop the replication slot (and, with --publication-too, the publication)
   outboxd slot status [flags]    show the slot, its lag and retained WAL
   outboxd status [flags]         health of the slot and publication; exit 1 on a problem (--json)
+  outboxd replay [flags]         publish outbox rows again from the table (--since or --from-id),
+                                 after a lost slot; --resume: then run, accepting the gap
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd help                   this text
 
@@ -55,6 +57,8 @@ func dispatch(ctx context.Context, args []string) error {
 		return fmt.Errorf("unknown slot subcommand %q: use create, drop or status", rest[0])
 	case "status":
 		return cmdStatus(ctx, rest)
+	case "replay":
+		return cmdReplay(ctx, rest)
 	case "config":
 		if len(rest) == 0 || rest[0] != "check" {
 			return fmt.Errorf("config needs a subcommand: check")
@@ -64,5 +68,5 @@ func dispatch(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stdout, usage)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "config", "help"}, ", "))
+	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "replay", "config", "help"}, ", "))
 }

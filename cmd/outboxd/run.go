@@ -31,6 +31,11 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	return runCDC(ctx, &o)
+}
+
+// runCDC is `outboxd run` with its options parsed (also after a replay).
+func runCDC(ctx context.Context, o *options) error {
 	kcfg, kerr := o.kafkaConfig()
 	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate(), o.streamConfig().Validate()); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
@@ -43,10 +48,10 @@ func cmdRun(ctx context.Context, args []string) error {
 	// sarama logs through a package global: set it once, here.
 	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
 	if o.poll.source != sourceCDC { // the polling publisher: poll.go
-		return runPoll(ctx, &o, kcfg, logger)
+		return runPoll(ctx, o, kcfg, logger)
 	}
 
-	if err := prepare(ctx, &o, logger); err != nil {
+	if err := prepare(ctx, o, logger); err != nil {
 		return err
 	}
 	if err := kafka.Check(ctx, kcfg, logger); err != nil {

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/poll"
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+)
+
+// cmdReplay publishes outbox rows again from the table, after the slot that
+// should have streamed them was lost (dropped, invalidated, or left behind on
+// a failed-over primary). With --resume it then ensures the slot first —
+// before reading, so nothing committed meanwhile falls between the replay
+// and the stream — and runs, accepting the gap the replay just filled.
+// Consumers deduplicate by outbox-id as always.
+func cmdReplay(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("replay", &o)
+	addRunFlags(fs, &o)
+	since := fs.String("since", "", "publish the rows created at or after this time (RFC 3339, e.g. 2026-12-01T10:00:00Z)")
+	fromID := fs.Int64("from-id", 0, "publish the rows with an id from this one")
+	toID := fs.Int64("to-id", 0, "with --from-id: up to this id (0: no bound)")
+	resume := fs.Bool("resume", false, "create the slot first if missing, then run after the replay, accepting the gap it filled")
+	batch := fs.Int("replay-batch", 1000, "rows read and published per round")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	rng := poll.Range{FromID: *fromID, ToID: *toID}
+	if *since != "" {
+		t, err := time.Parse(time.RFC3339, *since)
+		if err != nil {
+			return fmt.Errorf("invalid configuration: --since %q: use RFC 3339, e.g. 2026-12-01T10:00:00Z", *since)
+		}
+		rng.Since = t
+	}
+	kcfg, kerr := o.kafkaConfig()
+	if err := errors.Join(o.validateCommon(), kerr); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	if *batch < 1 {
+		return errors.New("invalid configuration: --replay-batch must be ≥ 1")
+	}
+	logger, err := o.logger(os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer logger.Sync()
+	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
+	if *resume {
+		if err := prepare(ctx, &o, logger); err != nil {
+			return err
+		}
+	}
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.Background())
+	prod, err := kafka.NewProducer(kcfg, logger.Named("kafka"), kafka.ProducerHooks{})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		prod.Close()
+		for range prod.Results() {
+		}
+	}()
+	pcfg := poll.DefaultConfig()
+	pcfg.Schema, pcfg.Table, pcfg.DefaultTopic = o.slot.Schema, o.slot.Table, o.pub.DefaultTopic
+	n, err := poll.Replay(ctx, conn, pcfg, rng, *batch, func(events []replication.Event) error {
+		for i := range events {
+			if err := prod.Send(ctx, publisher.NewRecord(&events[i], o.pub.DefaultTopic, time.Now())); err != nil {
+				return err
+			}
+		}
+		for range events {
+			select {
+			case r := <-prod.Results():
+				if r.Err != nil {
+					return fmt.Errorf("replay: outbox id %d: %w", r.OutboxID, r.Err)
+				}
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		logger.Info("replayed", zap.Int("rows", len(events)),
+			zap.Int64("from_id", events[0].ID), zap.Int64("to_id", events[len(events)-1].ID))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay stopped after %d rows: %w", n, err)
+	}
+	fmt.Fprintf(os.Stderr, "replay: %d rows published again\n", n)
+	if !*resume {
+		return nil
+	}
+	o.pub.AcceptGap = true
+	return runCDC(ctx, &o)
+}
