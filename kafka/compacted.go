@@ -107,12 +107,6 @@ func readPartition(ctx context.Context, client sarama.Client, topic string, part
 			return fmt.Errorf("kafka: fetch %s/%d: %w", topic, part, block.Err)
 		}
 		lso := block.LastStableOffset
-		fmt.Println("DEBUG off", off, "lso", lso, "hw", block.HighWaterMarkOffset, "sets", len(block.RecordsSet), "aborted", len(block.AbortedTransactions))
-		for _, rs := range block.RecordsSet {
-			if rb := rs.RecordBatch; rb != nil {
-				fmt.Println("DEBUG batch", rb.FirstOffset, rb.LastOffsetDelta, rb.Control, rb.IsTransactional, rb.ProducerID, len(rb.Records))
-			}
-		}
 		if off >= lso {
 			return nil
 		}
