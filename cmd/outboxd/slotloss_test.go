@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // A slot dropped while outboxd was stopped (issue 11): events written in
@@ -43,6 +45,63 @@ func TestRunSlotDroppedRefusesThenReplayRecovers(t *testing.T) {
 	}
 	v, n := e.delivered(2 * time.Minute)
 	t.Logf("slot dropped while stopped, replay --since --resume: %d events: %s", n, v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after replay: %s", v)
+	}
+	r.stop()
+}
+
+// A slot invalidated by max_slot_wal_keep_size while outboxd was stopped
+// (PostgreSQL 17 by default, OUTBOXD_TEST_PG_VERSION otherwise): outboxd
+// run stops with one clear line instead of a restart loop; dropping the slot
+// and replaying recovers every row.
+func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartPostgresVersion(t, pgTestVersion())
+	e, _ := serverEnv(t, srv, 3)
+	d := e.start()
+	ctx := context.Background()
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	e.delivered(time.Minute)
+	d.stop()
+	stoppedAt := time.Now().UTC().Add(-time.Second)
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	// Other tables churn WAL past max_slot_wal_keep_size: the slot is lost.
+	e.exec(`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
+	e.exec(`SELECT pg_reload_conf()`)
+	e.exec(`CREATE TABLE churn (x text)`)
+	waitFor(t, 2*time.Minute, func() bool {
+		e.exec(`INSERT INTO churn SELECT repeat('x', 1000) FROM generate_series(1, 20000)`)
+		e.exec(`SELECT pg_switch_wal()`)
+		e.exec(`CHECKPOINT`)
+		c := e.conn()
+		defer c.Close(ctx)
+		var status string
+		_ = c.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&status)
+		return status == "lost"
+	})
+	e.exec(`ALTER SYSTEM RESET max_slot_wal_keep_size`)
+	e.exec(`SELECT pg_reload_conf()`)
+
+	refused := startDaemon(t, e.args()...)
+	if code := refused.wait(60 * time.Second); code == 0 || !strings.Contains(refused.out.String(), "lost WAL it needed") {
+		t.Fatalf("run with an invalidated slot: exit %d\n%s\nwant one clear refusal", code, refused.out.String())
+	}
+	e.exec(`SELECT pg_drop_replication_slot($1)`, e.slot)
+	args := e.args("--since", stoppedAt.Format(time.RFC3339), "--resume")
+	args[0] = "replay"
+	r := startDaemon(t, args...)
+	r.waitLog("rows published again", 60*time.Second)
+	r.waitLog("streaming", 60*time.Second)
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 100, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(2 * time.Minute)
+	t.Logf("PostgreSQL %s, slot invalidated while stopped, replay --since --resume: %d events: %s", pgTestVersion(), n, v)
 	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
 		t.Fatalf("after replay: %s", v)
 	}
