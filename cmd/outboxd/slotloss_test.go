@@ -2,9 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 )
@@ -104,6 +107,60 @@ func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 	t.Logf("PostgreSQL %s, slot invalidated while stopped, replay --since --resume: %d events: %s", pgTestVersion(), n, v)
 	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
 		t.Fatalf("after replay: %s", v)
+	}
+	r.stop()
+}
+
+// Failover on PostgreSQL 15, which has no failover slots: the slot stays on
+// the old primary. outboxd reconnects to the promoted standby, finds no slot
+// and stops with a clear error instead of creating one past a gap; replay
+// --since … --resume against the new primary delivers every row.
+func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
+	t.Parallel()
+	primary := testenv.StartPostgresVersion(t, "15")
+	e, _ := serverEnv(t, primary, 3)
+	db := strings.TrimPrefix(mustURL(t, e.dsn).Path, "/")
+	standby := primary.StartStandby(testenv.UniqueName("standby"))
+	e.dsn = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
+		primary.Port, standby.Port, db)
+	d := e.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writers := make(chan error, 2)
+	for w := range 2 {
+		go func() { writers <- e.resilientWriter(ctx, w, 2, 100) }()
+	}
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 200 })
+	failedAt := time.Now().UTC().Add(-10 * time.Second)
+	primary.Stop("fast")
+	sc, err := pgx.Connect(context.Background(), standby.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(context.Background())
+	if _, err := sc.Exec(context.Background(), `SELECT pg_promote()`); err != nil {
+		t.Fatalf("promote: %v", err)
+	}
+	if code := d.wait(90 * time.Second); code == 0 || !strings.Contains(d.out.String(), "does not exist") {
+		t.Fatalf("outboxd after a failover without failover slots: exit %d\n%s\nwant it to stop: the slot is gone", code, d.p.Tail(20))
+	}
+	args := e.args("--since", failedAt.Format(time.RFC3339), "--resume")
+	args[0] = "replay"
+	r := startDaemon(t, args...)
+	r.waitLog("rows published again", 90*time.Second)
+	r.waitLog("streaming", 60*time.Second)
+	time.Sleep(2 * time.Second)
+	cancel()
+	for range 2 {
+		if err := <-writers; err != nil {
+			t.Errorf("writer: %v", err)
+		}
+	}
+	e.settle()
+	v, n := e.delivered(2 * time.Minute)
+	t.Logf("PostgreSQL 15 failover without failover slots, replay --since --resume: %d rows: %s", n, v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Fatalf("after the failover and replay: %s", v)
 	}
 	r.stop()
 }
