@@ -50,7 +50,25 @@ test: deps lint
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	echo "go test -race -count=1 -timeout 25m ./..."; \
-	$(GO) test -race -count=1 -timeout 25m ./...
+	$(GO) test -race -count=1 -timeout 25m ./...; \
+	$(MAKE) --no-print-directory e2e-pg17
+
+## e2e-pg17: the core end-to-end tests again on PostgreSQL 17 (a private
+## server from Maven Central next to the dev stack's Kafka): publish, clean
+## stop, kill -9, stop inside a transaction, a huge transaction, standby
+## takeover, preflight and poison errors, exactly-once kill -9, a frozen
+## walsender, idle WAL. Needs the dev stack (make up).
+E2E_PG17 := ^TestRun(PublishesEveryEventOnceInPerKeyOrder|CleanStopAndRestartLosesAndDuplicatesNothing|Kill9FiveTimesLosesNothing|StopInsideATransactionFinishesItFirst|PublishesOneHugeTransaction|StandbyTakesOverWhenActiveIsKilled|PreflightErrors|PoisonEvents|ExactlyOnceKill9UnderLoad|RestartsWhenTheWalsenderFreezes|IdleOutboxDoesNotPinWAL)$$
+.PHONY: e2e-pg17
+e2e-pg17:
+	@set -euo pipefail; \
+	dir=$$(mktemp -d /tmp/outboxd-pg17-XXXXXX); chmod 755 "$$dir"; port=$$($(STACK) free-port); \
+	trap '$(STACK) pg-stop "'"$$dir"'" immediate >/dev/null 2>&1 || true; rm -rf "'"$$dir"'"' EXIT; \
+	$(STACK) pg-init "$$dir" "$$port" --version 17; $(STACK) pg-start "$$dir"; \
+	set -a; source ./.devstack.env; set +a; \
+	export OUTBOXD_PG_DSN="postgres://postgres@127.0.0.1:$$port/postgres?sslmode=disable"; \
+	echo "go test (PostgreSQL 17) -run '$(E2E_PG17)' ./cmd/outboxd/"; \
+	$(GO) test -race -count=1 -timeout 15m -run '$(E2E_PG17)' ./cmd/outboxd/
 
 ## test-pg14 / test-pg16 / test-pg17: outboxd's PostgreSQL-version tests
 ## (cmd/outboxd TestRunOnPostgresVersion, TestFailover*) on a private server of
