@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 // processor takes one message at a time until it is done.
@@ -106,14 +108,10 @@ func (p *processor) deadLetter(ctx context.Context, m *Message, cause error, cla
 	}, nil
 }
 
-// sleepCtx waits d or until ctx ends.
+// sleepCtx waits d or until ctx ends (then it returns ctx's cause).
 func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
+	if !backoff.Sleep(ctx, d) {
 		return context.Cause(ctx)
 	}
+	return nil
 }
