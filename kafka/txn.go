@@ -167,6 +167,9 @@ func (p *Producer) endTxn(commit bool) error {
 		if err != nil {
 			return err
 		}
+		if !commit && errors.Is(resp.Err, sarama.ErrInvalidTxnState) {
+			return nil // no transaction open: nothing to abort
+		}
 		if !errors.Is(resp.Err, sarama.ErrNoError) {
 			return resp.Err
 		}
@@ -209,7 +212,9 @@ type addResult struct {
 // be called while Commit runs. Only for a transactional producer.
 func (p *Producer) Commit(ctx context.Context) error { return p.endTxnRequest(ctx, true) }
 
-// Abort aborts the records sent since the last Commit.
+// Abort aborts the records sent since the last Commit. It asks the
+// coordinator even when nothing was sent, so it returns ErrFenced when a
+// newer producer with the same transactional id took over.
 func (p *Producer) Abort(ctx context.Context) error { return p.endTxnRequest(ctx, false) }
 
 func (p *Producer) endTxnRequest(ctx context.Context, commit bool) error {
@@ -304,8 +309,10 @@ func (p *Producer) maybeEndTxn() {
 		req.done <- fmt.Errorf("%w: %w", ErrTxnFailed, p.txn.failed)
 		return
 	}
-	if len(p.txn.added) == 0 {
-		// Nothing was written: there is nothing to end.
+	if len(p.txn.added) == 0 && req.commit {
+		// Nothing was written: there is nothing to commit. (An abort still
+		// asks the coordinator: it answers a fenced producer so, which is
+		// how a zombie learns it.)
 		p.txn.ending = nil
 		req.done <- nil
 		return

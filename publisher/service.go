@@ -229,6 +229,12 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 			s.sup.NotRunning()
 		}
 	}
+	if err := s.abortOpenTxn(prod); err != nil {
+		prod.Close()
+		drainResults(prod)
+		<-streamErr
+		return progressed, err
+	}
 	prod.Close()
 	drainResults(prod)
 	sErr := <-streamErr
@@ -242,6 +248,25 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		return progressed, fmt.Errorf("%w: %w", errSource, sErr)
 	}
 	return progressed, plErr
+}
+
+// abortOpenTxn aborts, in exactly-once mode, the Kafka transaction a
+// session leaves open (a clean stop commits it first: nothing to abort).
+// The abort is also how a zombie learns it was fenced — another instance
+// took the slot over while it was frozen — and then it stops for good
+// instead of waiting as a standby. Other abort failures are left to the
+// next producer, whose InitProducerId aborts the transaction anyway.
+func (s *Service) abortOpenTxn(prod Producer) error {
+	a, ok := prod.(interface{ Abort(context.Context) error })
+	if !ok || s.cfg.Delivery != ExactlyOnce {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Abort(ctx); errors.Is(err, kafka.ErrFenced) {
+		return fmt.Errorf("publisher: this instance was fenced: another outboxd took the slot over and publishes now; stopping without confirming anything: %w", err)
+	}
+	return nil
 }
 
 // drainResults waits for a closed producer to hand back what it had in
