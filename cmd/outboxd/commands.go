@@ -22,6 +22,7 @@ Usage:
   outboxd status [flags]         health of the slot and publication; exit 1 on a problem (--json)
   outboxd replay [flags]         publish outbox rows again from the table (--since or --from-id),
                                  after a lost slot; --resume: then run, accepting the gap
+  outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd help                   this text
 
@@ -59,6 +60,8 @@ func dispatch(ctx context.Context, args []string) error {
 		return cmdStatus(ctx, rest)
 	case "replay":
 		return cmdReplay(ctx, rest)
+	case "prune":
+		return cmdPrune(ctx, rest)
 	case "config":
 		if len(rest) == 0 || rest[0] != "check" {
 			return fmt.Errorf("config needs a subcommand: check")
@@ -68,5 +71,5 @@ func dispatch(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stdout, usage)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "replay", "config", "help"}, ", "))
+	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "replay", "prune", "config", "help"}, ", "))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -35,6 +36,7 @@ type options struct {
 	linger          time.Duration
 	deliveryTimeout time.Duration
 	stallTimeout    time.Duration
+	retention       retention.Config
 	maxMessageBytes int
 	statusInterval  time.Duration
 	serverTimeout   time.Duration
@@ -77,6 +79,9 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.serverTimeout, "server-timeout", replication.DefaultStreamConfig().ServerTimeout, "restart the replication session when PostgreSQL sends nothing for this long, not even the keepalive asked for at half of it (half-open connection, stopped server)")
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", 30*time.Second, "with --metrics-addr: /readyz answers 503 while events have waited this long for Kafka with none acknowledged")
+	o.retention = retention.DefaultConfig()
+	fs.DurationVar(&o.retention.OlderThan, "retention", 0, "delete outbox rows older than this, in batches off the hot path (0: never; their INSERTs are in WAL already, so CDC loses nothing; keep them as long as a replay may need them)")
+	fs.DurationVar(&o.retention.Interval, "retention-interval", o.retention.Interval, "with --retention: how often to delete")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
 	addPollFlags(fs, o)
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")

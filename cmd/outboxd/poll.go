@@ -94,6 +94,9 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 		g.Add(func() error { return poller.Run(ctx) }, func(error) { cancel() })
 	}
 	g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
+	if err := addRetention(ctx, &g, o, true, reg, logger); err != nil {
+		return err
+	}
 	if o.metricsAddr != "" {
 		if err := addHTTPServer(&g, o.metricsAddr, pollHealthMux(reg, poller), logger); err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/retention"
 )
 
 // cmdReplay publishes outbox rows again from the table, after the slot that
@@ -107,4 +108,32 @@ func cmdReplay(ctx context.Context, args []string) error {
 	}
 	o.pub.AcceptGap = true
 	return runCDC(ctx, &o)
+}
+
+// cmdPrune deletes old outbox rows once (what --retention does on a
+// schedule).
+func cmdPrune(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("prune", &o)
+	olderThan := fs.Duration("older-than", 0, "delete the outbox rows whose created_at is older than this (required)")
+	publishedOnly := fs.Bool("published-only", false, "only rows with published_at set (the polling source's table)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg := retention.DefaultConfig()
+	cfg.Schema, cfg.Table, cfg.OlderThan, cfg.PublishedOnly = o.slot.Schema, o.slot.Table, *olderThan, *publishedOnly
+	if err := errors.Join(o.validateCommon(), cfg.Validate()); err != nil {
+		return fmt.Errorf("invalid configuration: %w (set --older-than)", err)
+	}
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.Background())
+	n, err := retention.Prune(ctx, conn, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "prune: deleted %d outbox rows older than %s\n", n, *olderThan)
+	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -112,6 +113,9 @@ func runCDC(ctx context.Context, o *options) error {
 	{ // Signals: SIGINT/SIGTERM stop the group gracefully.
 		g.Add(run.SignalHandler(ctx, os.Interrupt, syscall.SIGTERM))
 	}
+	if err := addRetention(ctx, &g, o, false, reg, logger); err != nil {
+		return err
+	}
 	if o.metricsAddr != "" { // Metrics and health.
 		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot, o.stallTimeout), logger); err != nil {
 			return err
@@ -122,6 +126,23 @@ func runCDC(ctx context.Context, o *options) error {
 		g.Add(func() error { return p.run(pctx) }, func(error) { cancel() })
 	}
 	return runGroup(&g, logger)
+}
+
+// addRetention adds the pruner actor when --retention is set; the polling
+// source deletes only rows it published.
+func addRetention(ctx context.Context, g *run.Group, o *options, publishedOnly bool, reg prometheus.Registerer, logger *zap.Logger) error {
+	if o.retention.OlderThan <= 0 {
+		return nil
+	}
+	cfg := o.retention
+	cfg.Schema, cfg.Table, cfg.PublishedOnly = o.slot.Schema, o.slot.Table, publishedOnly
+	p, err := retention.NewPruner(cfg, o.pgDSN, logger.Named("retention"), reg)
+	if err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	g.Add(func() error { return p.Run(ctx) }, func(error) { cancel() })
+	return nil
 }
 
 // prepare checks the database and ensures the publication and the slot.

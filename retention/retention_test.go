@@ -1,0 +1,53 @@
+package retention
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/migrations"
+)
+
+func TestPruneDeletesOnlyOldRowsInBatches(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
+		t.Fatal(err)
+	}
+	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload, created_at)
+		SELECT 'a', 't', '{}', now() - interval '2 hours' FROM generate_series(1, 25)`)
+	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', '{}' FROM generate_series(1, 5)`)
+	cfg := DefaultConfig()
+	cfg.OlderThan, cfg.BatchSize = time.Hour, 7 // four statements: 7, 7, 7, 4
+	n, err := Prune(ctx, conn, cfg)
+	if err != nil || n != 25 {
+		t.Fatalf("Prune = %d, %v; want the 25 old rows", n, err)
+	}
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 5 {
+		t.Fatalf("%d rows left (%v), want the 5 new ones", left, err)
+	}
+
+	// The polling source's table: only published rows go.
+	pg.Exec(t, `ALTER TABLE outbox ADD COLUMN published_at timestamptz`)
+	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload, created_at, published_at)
+		SELECT 'a', 't', '{}', now() - interval '2 hours', CASE WHEN g % 2 = 0 THEN now() END FROM generate_series(1, 10) AS g`)
+	cfg.PublishedOnly = true
+	if n, err := Prune(ctx, conn, cfg); err != nil || n != 5 {
+		t.Fatalf("Prune(published only) = %d, %v; want the 5 published old rows", n, err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	c := DefaultConfig()
+	if err := c.Validate(); err == nil {
+		t.Fatal("a zero retention is valid")
+	}
+	c.OlderThan = time.Hour
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
