@@ -17,7 +17,9 @@ type Identity struct {
 	SystemID string
 	Timeline int32
 	Database string
-	Slot     string
+	// DatabaseOID tells a database from an earlier one of the same name.
+	DatabaseOID uint32
+	Slot        string
 }
 
 // Key is the identity's key in the checkpoint topic.
@@ -36,10 +38,11 @@ func (id Identity) TransactionalID() string {
 // at-least-once mode, and always before that position is confirmed to
 // PostgreSQL: the slot's confirmed position is never ahead of it.
 type Checkpoint struct {
-	SystemID string
-	Database string
-	Slot     string
-	Timeline int32
+	SystemID    string
+	Database    string
+	DatabaseOID uint32
+	Slot        string
+	Timeline    int32
 	// EndLSN is the position after which nothing was published yet.
 	EndLSN pglogrepl.LSN
 	// CommitLSN, Xid and CommitTime describe the last transaction included
@@ -53,20 +56,21 @@ type Checkpoint struct {
 // checkpointWire is a checkpoint record's value: JSON, LSNs in
 // PostgreSQL's text form.
 type checkpointWire struct {
-	SystemID   string    `json:"system_id"`
-	Database   string    `json:"database"`
-	Slot       string    `json:"slot"`
-	Timeline   int32     `json:"timeline"`
-	EndLSN     string    `json:"end_lsn"`
-	CommitLSN  string    `json:"commit_lsn,omitempty"`
-	Xid        uint32    `json:"xid,omitempty"`
-	CommitTime time.Time `json:"commit_time,omitzero"`
-	WrittenAt  time.Time `json:"written_at"`
+	SystemID    string    `json:"system_id"`
+	Database    string    `json:"database"`
+	DatabaseOID uint32    `json:"database_oid,omitempty"`
+	Slot        string    `json:"slot"`
+	Timeline    int32     `json:"timeline"`
+	EndLSN      string    `json:"end_lsn"`
+	CommitLSN   string    `json:"commit_lsn,omitempty"`
+	Xid         uint32    `json:"xid,omitempty"`
+	CommitTime  time.Time `json:"commit_time,omitzero"`
+	WrittenAt   time.Time `json:"written_at"`
 }
 
 // MarshalJSON writes the record value.
 func (c Checkpoint) MarshalJSON() ([]byte, error) {
-	w := checkpointWire{SystemID: c.SystemID, Database: c.Database, Slot: c.Slot, Timeline: c.Timeline,
+	w := checkpointWire{SystemID: c.SystemID, Database: c.Database, DatabaseOID: c.DatabaseOID, Slot: c.Slot, Timeline: c.Timeline,
 		EndLSN: c.EndLSN.String(), Xid: c.Xid, CommitTime: c.CommitTime, WrittenAt: c.WrittenAt}
 	if c.CommitLSN != 0 {
 		w.CommitLSN = c.CommitLSN.String()
@@ -80,7 +84,7 @@ func ParseCheckpoint(b []byte) (*Checkpoint, error) {
 	if err := json.Unmarshal(b, &w); err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
-	c := &Checkpoint{SystemID: w.SystemID, Database: w.Database, Slot: w.Slot, Timeline: w.Timeline,
+	c := &Checkpoint{SystemID: w.SystemID, Database: w.Database, DatabaseOID: w.DatabaseOID, Slot: w.Slot, Timeline: w.Timeline,
 		Xid: w.Xid, CommitTime: w.CommitTime, WrittenAt: w.WrittenAt}
 	var err error
 	if c.EndLSN, err = pglogrepl.ParseLSN(w.EndLSN); err != nil {
@@ -117,7 +121,7 @@ func checkGap(cp *Checkpoint, id Identity, slotConfirmed pglogrepl.LSN, topic st
 
 // checkpointRecord is the Kafka record of cp.
 func checkpointRecord(topic string, id Identity, cp Checkpoint) (*kafka.Record, error) {
-	cp.SystemID, cp.Database, cp.Slot, cp.Timeline = id.SystemID, id.Database, id.Slot, id.Timeline
+	cp.SystemID, cp.Database, cp.DatabaseOID, cp.Slot, cp.Timeline = id.SystemID, id.Database, id.DatabaseOID, id.Slot, id.Timeline
 	cp.WrittenAt = time.Now().UTC()
 	v, err := json.Marshal(cp)
 	if err != nil {

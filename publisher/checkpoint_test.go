@@ -162,7 +162,7 @@ func TestCheckGap(t *testing.T) {
 }
 
 func TestCheckpointRoundTrip(t *testing.T) {
-	in := Checkpoint{SystemID: "7", Database: "d", Slot: "s", Timeline: 2, EndLSN: 0x16B3748, CommitLSN: 0x16B3700, Xid: 42,
+	in := Checkpoint{SystemID: "7", Database: "d", DatabaseOID: 16384, Slot: "s", Timeline: 2, EndLSN: 0x16B3748, CommitLSN: 0x16B3700, Xid: 42,
 		CommitTime: time.Unix(1700000000, 0).UTC(), WrittenAt: time.Unix(1700000001, 0).UTC()}
 	b, err := in.MarshalJSON()
 	if err != nil {

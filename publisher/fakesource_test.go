@@ -149,7 +149,9 @@ const statusPoll = time.Millisecond
 func (f *fakeSource) StartLSN() pglogrepl.LSN { return f.start }
 
 // BackendPID is the fake walsender's process id: 100 + the session number.
-func (f *fakeSource) System() (string, int32, string) { return "7000000000000000001", 1, "outboxd" }
+func (f *fakeSource) System() (string, int32, string, uint32) {
+	return "7000000000000000001", 1, "outboxd", 16384
+}
 
 func (f *fakeSource) Slot() string { return "outboxd" }
 

@@ -20,7 +20,7 @@ type Source interface {
 	// StartLSN is the slot's confirmed position the source starts after.
 	StartLSN() pglogrepl.LSN
 	// System is the server's system identifier, timeline and database.
-	System() (systemID string, timeline int32, database string)
+	System() (systemID string, timeline int32, database string, databaseOID uint32)
 	// Slot is the slot's name.
 	Slot() string
 	// Run delivers messages to out and closes it when it stops reading
@@ -140,8 +140,8 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		s.lastPID = p.BackendPID()
 	}
 
-	sysID, timeline, db := src.System()
-	id := Identity{SystemID: sysID, Timeline: timeline, Database: db, Slot: src.Slot()}
+	sysID, timeline, db, dbOID := src.System()
+	id := Identity{SystemID: sysID, Timeline: timeline, Database: db, DatabaseOID: dbOID, Slot: src.Slot()}
 	// The producer first: in exactly-once mode it fences every older
 	// producer of this slot and aborts its open transaction, so the
 	// checkpoint read next is final.
@@ -155,6 +155,13 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 	var cp *checkpointing
 	if s.deps.ReadCheckpoint != nil {
 		c, err := s.deps.ReadCheckpoint(ctx, id)
+		if err == nil && c != nil && c.DatabaseOID != 0 && id.DatabaseOID != 0 && c.DatabaseOID != id.DatabaseOID {
+			// A database of that name was dropped and created anew: its
+			// outbox is another one, and the checkpoint is history.
+			s.log.Info("the checkpoint is of an earlier database of the same name: starting fresh",
+				zap.Uint32("checkpoint_database_oid", c.DatabaseOID), zap.Uint32("database_oid", id.DatabaseOID))
+			c = nil
+		}
 		if err == nil {
 			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
 		}

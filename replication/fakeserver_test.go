@@ -59,7 +59,7 @@ func newFakeServer(t *testing.T) *fakeServer {
 	f := &fakeServer{
 		t:       t,
 		ln:      ln,
-		slotRow: []string{"pgoutput", "f", "0", "0/1000", "reserved"},
+		slotRow: []string{"pgoutput", "f", "0", "0/1000", "reserved", "16384"},
 		queries: make(chan string, 16),
 		status:  make(chan statusUpdate, 1024),
 		ended:   make(chan error, 1),
@@ -170,6 +170,7 @@ func (f *fakeServer) answerSlotQuery() {
 		{Name: []byte("coalesce"), DataTypeOID: 23},
 		{Name: []byte("coalesce"), DataTypeOID: 25},
 		{Name: []byte("coalesce"), DataTypeOID: 25},
+		{Name: []byte("coalesce"), DataTypeOID: 26},
 	}}}
 	n := 0
 	if f.slotRow != nil {

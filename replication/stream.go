@@ -45,6 +45,7 @@ type Stream struct {
 	start  pglogrepl.LSN
 	closed bool
 	system pglogrepl.IdentifySystemResult
+	dbOID  uint32
 }
 
 // Open connects to the server, checks the slot and starts logical replication
@@ -104,9 +105,11 @@ func (s *Stream) Slot() string { return s.cfg.Slot }
 
 // System is what IDENTIFY_SYSTEM said: the server's system identifier (it
 // changes with a new cluster or a restore from a logical dump, not with a
-// physical standby's promotion), timeline and database.
-func (s *Stream) System() (systemID string, timeline int32, database string) {
-	return s.system.SystemID, s.system.Timeline, s.system.DBName
+// physical standby's promotion), timeline and database; and the slot's
+// database OID, which changes when a database of the same name is created
+// anew.
+func (s *Stream) System() (systemID string, timeline int32, database string, databaseOID uint32) {
+	return s.system.SystemID, s.system.Timeline, s.system.DBName, s.dbOID
 }
 
 // quoteLiteral quotes s as a string literal, for SQL and for replication
@@ -135,7 +138,7 @@ func (s *Stream) startReplication(ctx context.Context) error {
 		return fmt.Errorf("replication: identify system: %w", err)
 	}
 	res := s.conn.Exec(ctx,
-		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0'), coalesce(wal_status, '') FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
+		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0'), coalesce(wal_status, ''), coalesce(datoid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
 	rows, err := res.ReadAll()
 	if err != nil {
 		return fmt.Errorf("replication: read slot %q: %w", s.cfg.Slot, err)
@@ -146,6 +149,9 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	r := rows[0].Rows[0]
 	if plugin := string(r[0]); plugin != "pgoutput" {
 		return fmt.Errorf("replication: slot %q uses plugin %q, outboxd needs \"pgoutput\"", s.cfg.Slot, plugin)
+	}
+	if oid, err := strconv.ParseUint(string(r[5]), 10, 32); err == nil {
+		s.dbOID = uint32(oid)
 	}
 	if string(r[4]) == "lost" {
 		return fmt.Errorf("%w: replication slot %q lost WAL it still needed (wal_status lost: invalidated, e.g. by max_slot_wal_keep_size) after position %s: events committed since then can no longer be read; republish them from the outbox table, then drop the slot (\"outboxd slot drop\") and start again with --accept-gap",

@@ -476,7 +476,7 @@ func TestStreamConfigZeroDurationsTakeDefaults(t *testing.T) {
 // not a retry loop.
 func TestStreamRefusesALostSlot(t *testing.T) {
 	f := newFakeServer(t)
-	f.slotRow = []string{"pgoutput", "f", "0", "0/1000", "lost"}
+	f.slotRow = []string{"pgoutput", "f", "0", "0/1000", "lost", "16384"}
 	go f.serve()
 	_, err := Open(context.Background(), testConfig(f), zap.NewNop())
 	if !errors.Is(err, ErrSlotLost) || !strings.Contains(err.Error(), "0/1000") {
