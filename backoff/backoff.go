@@ -33,9 +33,9 @@ func Jitter(d time.Duration) time.Duration {
 }
 
 // Backoff is the capped exponential backoff between restarts of a
-// supervised session (see Supervisor). It has no jitter: outboxd is a
-// singleton, with nobody to fall into step with, and an exact sequence
-// keeps restart logs readable.
+// supervised session (see Supervisor), with Jitter: an active outboxd and
+// its hot standby restarting after the same outage do not hit Postgres and
+// Kafka in step.
 type Backoff struct {
 	min, max time.Duration
 	attempt  int
@@ -46,7 +46,8 @@ func New(min, max time.Duration) *Backoff {
 	return &Backoff{min: min, max: max}
 }
 
-// Next returns the wait before restarting a session that ran for ran. A
+// Next returns the wait before restarting a session that ran for ran: the
+// exponential step less up to 20 % of jitter. A
 // session that ran longer than twice the cap was healthy: the backoff starts
 // over from min.
 func (b *Backoff) Next(ran time.Duration) time.Duration {
@@ -54,7 +55,7 @@ func (b *Backoff) Next(ran time.Duration) time.Duration {
 		b.attempt = 0
 	}
 	b.attempt++
-	return Exponential(b.min, b.max, b.attempt)
+	return Jitter(Exponential(b.min, b.max, b.attempt))
 }
 
 // Reset starts the backoff over from min.

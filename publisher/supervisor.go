@@ -148,7 +148,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 				s.standbyPID = inUse.PID
 			}
 			s.setState(StateStandby)
-			if !backoff.Sleep(ctx, s.cfg.StandbyPollInterval) {
+			if !backoff.Sleep(ctx, backoff.Jitter(s.cfg.StandbyPollInterval)) {
 				return nil
 			}
 			continue
