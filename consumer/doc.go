@@ -80,4 +80,11 @@
 // Partitions are processed in parallel, each on its own goroutine with its
 // own transaction, so the [DB] should allow as many connections as the
 // consumer has partitions.
+//
+// # Tracing
+//
+// A message may carry the W3C Trace Context headers [HeaderTraceParent] and
+// [HeaderTraceState] of the service that wrote the event. When it has a
+// traceparent, the handler's context carries them ([TraceContextFrom]);
+// [HeaderCarrier] lets an OpenTelemetry propagator read them directly.
 package consumer

@@ -18,7 +18,9 @@ const HeaderOutboxID = "outbox-id"
 // Handler processes one event. It runs inside tx, the transaction that also
 // records the outbox id as processed; it must do its writes through tx and
 // must not commit or roll it back. Returning an error rolls everything back:
-// wrap permanent failures with [Domain]; any other error is retried.
+// wrap permanent failures with [Domain]; any other error is retried. When
+// the message has a traceparent header, ctx carries its trace context
+// ([TraceContextFrom]).
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, m *Message) error
 }

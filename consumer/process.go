@@ -30,11 +30,13 @@ func (p *processor) process(ctx context.Context, m *Message, parseErr error) (Re
 	if parseErr != nil {
 		return p.deadLetter(ctx, m, parseErr, ClassDomain, 1)
 	}
+	// The handler's context carries m's trace context (see TraceContextFrom).
+	hctx := handlerContext(ctx, m)
 	attempt, dbFailures := 0, 0
 	for {
 		attempt++
 		m.Attempt = attempt
-		dup, err := p.store.attempt(ctx, m, p.h)
+		dup, err := p.store.attempt(hctx, m, p.h)
 		if err == nil {
 			if dup {
 				return Result{Outcome: Duplicate, Attempts: attempt}, nil
