@@ -67,11 +67,26 @@ func (e *MissingColumnError) Unwrap() error { return ErrMissingColumn }
 
 // Columns names the outbox table's columns.
 type Columns struct {
-	ID, AggregateID, Topic, Payload, CreatedAt, EventType string
+	// ID is the event id: bigint, integer, smallint or uuid (required).
+	ID string
+	// AggregateID is the record key (required).
+	AggregateID string
+	// Topic is the topic (optional; see DecoderConfig.TopicTemplate).
+	Topic string
+	// Payload is the record value (required).
+	Payload string
+	// CreatedAt is the record timestamp (optional): a timestamptz or
+	// timestamp, or an integer of milliseconds since the Unix epoch.
+	CreatedAt string
+	// EventType is an optional column placed in the event-type header.
+	EventType string
+	// Headers is an optional jsonb (or json) column whose object of string
+	// values becomes record headers, e.g. {"traceparent": "00-…"}.
+	Headers string
 }
 
 // DefaultColumns returns the column names of the standard outbox table: id,
-// aggregate_id, topic, payload, created_at, event_type.
+// aggregate_id, topic, payload, created_at, event_type, headers.
 func DefaultColumns() Columns {
 	return Columns{
 		ID:          "id",
@@ -80,19 +95,47 @@ func DefaultColumns() Columns {
 		Payload:     "payload",
 		CreatedAt:   "created_at",
 		EventType:   "event_type",
+		Headers:     "headers",
 	}
 }
 
 // DecoderConfig configures a Decoder. Empty fields take their defaults:
-// schema "public", table "outbox", and the names of DefaultColumns.
+// schema "public", table "outbox", and the names of DefaultColumns. A
+// column set to "-" is not read at all (only the optional ones: Topic,
+// CreatedAt, EventType, Headers).
 type DecoderConfig struct {
 	Schema, Table string
 	Columns       Columns
+	// TopicTemplate, when set, routes every row to the topic it renders
+	// instead of reading Columns.Topic: each {column} is replaced by that
+	// column's text, e.g. "outbox.event.{aggregatetype}". A row whose
+	// placeholder column is NULL has no topic (as a row with a NULL topic
+	// column: the default topic, or a poison event).
+	TopicTemplate string
+	// HeaderColumns places further columns as headers, in this order,
+	// after the event-type header and before those of Columns.Headers. A
+	// NULL value sets no header.
+	HeaderColumns []HeaderColumn
+}
+
+// HeaderColumn places the text of Column in the header named Header.
+type HeaderColumn struct {
+	Column, Header string
 }
 
 // Type OIDs the decoder treats specially.
 const (
-	oidBytea = 17
+	oidBytea       = 17
+	oidInt8        = 20
+	oidInt2        = 21
+	oidInt4        = 23
+	oidJSON        = 114
+	oidText        = 25
+	oidVarchar     = 1043
+	oidTimestamp   = 1114
+	oidTimestamptz = 1184
+	oidUUID        = 2950
+	oidJSONB       = 3802
 )
 
 // role is what a column of the outbox table means to an Event.
@@ -106,6 +149,7 @@ const (
 	rolePayload
 	roleCreatedAt
 	roleEventType
+	roleHeaders
 	numRoles
 )
 
@@ -117,7 +161,11 @@ type relation struct {
 	roles   []role // roles[i] is the role of column i
 	names   []string
 	oid     [numRoles]uint32
-	missing error // *MissingColumnError, or nil
+	missing error // *MissingColumnError, *ColumnTypeError or nil
+	// tmpl[i] is the column of placeholder i of the topic template.
+	tmpl []int
+	// hdr[i] is the column of HeaderColumns[i].
+	hdr []int
 }
 
 // Decoder turns pgoutput messages (protocol version 1, text format, no
@@ -127,8 +175,13 @@ type relation struct {
 type Decoder struct {
 	schema, table string
 	cols          Columns
+	tmpl          *topicTemplate
+	hdrCols       []HeaderColumn
 	rels          map[uint32]*relation
 	inTxn         bool
+	// row holds the value spans of the outbox row being decoded.
+	row      []span
+	topicBuf []byte
 	// interned holds recent topic and event type strings, so that an
 	// Event's Topic and EventType do not allocate.
 	interned                 map[string]string
@@ -150,20 +203,35 @@ func NewDecoder(cfg DecoderConfig) *Decoder {
 		}
 		return s
 	}
-	return &Decoder{
+	// A column "-" is not read: no column has an empty name.
+	off := func(s string) string {
+		if s == columnOff {
+			return ""
+		}
+		return s
+	}
+	d := &Decoder{
 		schema: or(cfg.Schema, "public"),
 		table:  or(cfg.Table, "outbox"),
 		cols: Columns{
 			ID:          or(cfg.Columns.ID, def.ID),
 			AggregateID: or(cfg.Columns.AggregateID, def.AggregateID),
-			Topic:       or(cfg.Columns.Topic, def.Topic),
+			Topic:       off(or(cfg.Columns.Topic, def.Topic)),
 			Payload:     or(cfg.Columns.Payload, def.Payload),
-			CreatedAt:   or(cfg.Columns.CreatedAt, def.CreatedAt),
-			EventType:   or(cfg.Columns.EventType, def.EventType),
+			CreatedAt:   off(or(cfg.Columns.CreatedAt, def.CreatedAt)),
+			EventType:   off(or(cfg.Columns.EventType, def.EventType)),
+			Headers:     off(or(cfg.Columns.Headers, def.Headers)),
 		},
+		hdrCols:  cfg.HeaderColumns,
 		rels:     make(map[uint32]*relation),
 		interned: make(map[string]string),
 	}
+	// An invalid template is reported by Validate; here it routes nothing.
+	d.tmpl, _ = parseTopicTemplate(cfg.TopicTemplate)
+	if d.tmpl != nil {
+		d.cols.Topic = ""
+	}
+	return d
 }
 
 // Decode interprets one pgoutput message (XLogData.WALData). It updates the
@@ -303,15 +371,7 @@ func (d *Decoder) decodeRelation(b []byte) error {
 		return trailingErr(b, off)
 	}
 	if rel.outbox {
-		for _, req := range [...]struct {
-			r    role
-			name string
-		}{{roleID, d.cols.ID}, {roleAggregateID, d.cols.AggregateID}, {rolePayload, d.cols.Payload}} {
-			if !seen[req.r] {
-				rel.missing = &MissingColumnError{Schema: d.schema, Table: d.table, Column: req.name}
-				break
-			}
-		}
+		rel.missing = d.resolve(rel, &seen)
 	}
 	d.rels[relID] = rel
 	return nil
@@ -331,6 +391,8 @@ func (d *Decoder) roleOf(col []byte) role {
 		return roleCreatedAt
 	case d.cols.EventType:
 		return roleEventType
+	case d.cols.Headers:
+		return roleHeaders
 	}
 	return roleNone
 }
@@ -370,6 +432,9 @@ func (d *Decoder) decodeInsert(b []byte) (Message, error) {
 
 	var spans [numRoles]span
 	odd := span{col: -1} // first 'u' or 'b' value
+	if rel.outbox {
+		d.row = append(d.row[:0], make([]span, n)...)
+	}
 	for i := 0; i < n; i++ {
 		if off >= len(b) {
 			return Message{}, truncErr(b)
@@ -398,6 +463,7 @@ func (d *Decoder) decodeInsert(b []byte) (Message, error) {
 		if (s.kind == 'u' || s.kind == 'b') && odd.col < 0 {
 			odd = s
 		}
+		d.row[i] = s
 		if r := rel.roles[i]; r != roleNone {
 			spans[r] = s
 		}
@@ -421,7 +487,7 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	badValue := func(s span, detail string) error {
 		row := "outbox row: "
 		if idKnown {
-			row = "outbox row id=" + strconv.FormatInt(ev.ID, 10) + ": "
+			row = "outbox row id=" + ev.IDString() + ": "
 		}
 		return &DecodeError{MsgType: 'I', Offset: s.start, Err: ErrBadValue,
 			Detail: fmt.Sprintf("%scolumn %q %s", row, rel.names[s.col], detail)}
@@ -442,11 +508,13 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	if err != nil {
 		return Message{}, err
 	}
-	id, ok := parseInt64(v)
-	if !ok {
+	var ok bool
+	if rel.oid[roleID] == oidUUID {
+		ev.UUID = string(v)
+	} else if ev.ID, ok = parseInt64(v); !ok {
 		return Message{}, badValue(spans[roleID], "is not an integer: "+quote(v))
 	}
-	ev.ID, idKnown = id, true
+	idKnown = true
 	if odd.col >= 0 {
 		return Message{}, badValue(odd, kindDetail(odd.kind))
 	}
@@ -472,13 +540,36 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	if s := spans[roleTopic]; s.kind == 't' {
 		ev.Topic = d.intern(b[s.start:s.end], &d.lastTopic)
 	}
+	if d.tmpl != nil {
+		ev.Topic = d.renderTopic(b, rel)
+	}
 	if s := spans[roleEventType]; s.kind == 't' {
 		ev.EventType = d.intern(b[s.start:s.end], &d.lastEventType)
 	}
 	if s := spans[roleCreatedAt]; s.kind == 't' {
 		v := b[s.start:s.end]
-		if ev.CreatedAt, ok = parseTimestamp(v); !ok {
-			return Message{}, badValue(s, "is not an ISO timestamp: "+quote(v))
+		switch rel.oid[roleCreatedAt] {
+		case oidInt8, oidInt4:
+			ms, ok := parseInt64(v)
+			if !ok {
+				return Message{}, badValue(s, "is not an integer: "+quote(v))
+			}
+			ev.CreatedAt = time.UnixMilli(ms).UTC()
+		default:
+			if ev.CreatedAt, ok = parseTimestamp(v); !ok {
+				return Message{}, badValue(s, "is not an ISO timestamp: "+quote(v))
+			}
+		}
+	}
+	for i, c := range rel.hdr {
+		if s := d.row[c]; s.kind == 't' {
+			ev.Headers = append(ev.Headers, Header{Key: d.hdrCols[i].Header, Value: string(b[s.start:s.end])})
+		}
+	}
+	if s := spans[roleHeaders]; s.kind == 't' {
+		v := b[s.start:s.end]
+		if ev.Headers, ok = appendJSONHeaders(ev.Headers, v); !ok {
+			return Message{}, badValue(s, "is not a JSON object of string values: "+quote(v))
 		}
 	}
 	return Message{Kind: KindEvent, Event: ev}, nil

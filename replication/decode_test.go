@@ -18,20 +18,6 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// Type OIDs used by the tests.
-const (
-	oidInt2        = 21
-	oidInt4        = 23
-	oidInt8        = 20
-	oidText        = 25
-	oidJSON        = 114
-	oidJSONB       = 3802
-	oidVarchar     = 1043
-	oidTimestamp   = 1114
-	oidTimestamptz = 1184
-	oidUUID        = 2950
-)
-
 // ---- encoders: pgoutput protocol version 1 ----
 
 func pgMicros(t time.Time) uint64 {
@@ -241,6 +227,12 @@ func diffEvent(got, want Event) string {
 	}
 	if !got.CreatedAt.Equal(want.CreatedAt) {
 		d = append(d, fmt.Sprintf("Event.CreatedAt = %v, want %v", got.CreatedAt, want.CreatedAt))
+	}
+	if got.UUID != want.UUID {
+		add("UUID", got.UUID, want.UUID)
+	}
+	if fmt.Sprint(got.Headers) != fmt.Sprint(want.Headers) {
+		d = append(d, fmt.Sprintf("Event.Headers = %q, want %q", got.Headers, want.Headers))
 	}
 	return strings.Join(d, "; ")
 }

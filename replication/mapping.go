@@ -1,0 +1,224 @@
+package replication
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// columnOff, as a column name in DecoderConfig.Columns, turns an optional
+// column off.
+const columnOff = "-"
+
+// ErrColumnType reports an outbox column whose type outboxd cannot read in
+// the role it is mapped to (a text id, a json headers column that is an
+// integer, ...).
+var ErrColumnType = errors.New("replication: column type")
+
+// ColumnTypeError names a mapped column of the wrong type. It unwraps to
+// ErrColumnType.
+type ColumnTypeError struct {
+	Schema, Table, Column string
+	// Role is what the column is mapped to ("id", "headers", ...).
+	Role string
+	// OID is the column's type OID; Want says which types fit.
+	OID  uint32
+	Want string
+}
+
+func (e *ColumnTypeError) Error() string {
+	return fmt.Sprintf("replication: outbox column %s.%s.%q (the %s) has type OID %d: outboxd reads %s there: change the column's type or map another column",
+		e.Schema, e.Table, e.Column, e.Role, e.OID, e.Want)
+}
+
+func (e *ColumnTypeError) Unwrap() error { return ErrColumnType }
+
+// Validate checks the topic template and the header columns.
+func (c DecoderConfig) Validate() error {
+	var errs []error
+	if _, err := parseTopicTemplate(c.TopicTemplate); err != nil {
+		errs = append(errs, err)
+	}
+	for _, h := range c.HeaderColumns {
+		if h.Column == "" || h.Header == "" {
+			errs = append(errs, fmt.Errorf("replication: header column %q=%q: both the column and the header name must be set (column=header)", h.Column, h.Header))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// topicTemplate is a parsed TopicTemplate: literal text and placeholders
+// alternate; cols[i] is the column of the placeholder after lits[i].
+// len(lits) == len(cols)+1.
+type topicTemplate struct {
+	lits []string
+	cols []string
+}
+
+// parseTopicTemplate parses "prefix.{column}.suffix"; nil for "".
+func parseTopicTemplate(s string) (*topicTemplate, error) {
+	if s == "" {
+		return nil, nil
+	}
+	t := &topicTemplate{}
+	rest := s
+	for {
+		open := strings.IndexByte(rest, '{')
+		if open < 0 {
+			if strings.IndexByte(rest, '}') >= 0 {
+				return nil, fmt.Errorf("replication: topic template %q has a '}' without '{': write placeholders as {column}", s)
+			}
+			t.lits = append(t.lits, rest)
+			break
+		}
+		end := strings.IndexByte(rest[open:], '}')
+		if end < 0 {
+			return nil, fmt.Errorf("replication: topic template %q has an unclosed '{': write placeholders as {column}", s)
+		}
+		col := rest[open+1 : open+end]
+		if col == "" || strings.ContainsAny(col, "{") {
+			return nil, fmt.Errorf("replication: topic template %q has an empty or nested placeholder: write placeholders as {column}", s)
+		}
+		if strings.IndexByte(rest[:open], '}') >= 0 {
+			return nil, fmt.Errorf("replication: topic template %q has a '}' without '{': write placeholders as {column}", s)
+		}
+		t.lits = append(t.lits, rest[:open])
+		t.cols = append(t.cols, col)
+		rest = rest[open+end+1:]
+	}
+	if len(t.cols) == 0 {
+		return nil, fmt.Errorf("replication: topic template %q has no {column} placeholder: for one fixed topic use the default topic instead", s)
+	}
+	return t, nil
+}
+
+// Placeholders returns the columns a topic template reads, or the error that
+// makes it invalid. Preflight uses it to check that they exist.
+func Placeholders(template string) ([]string, error) {
+	t, err := parseTopicTemplate(template)
+	if t == nil {
+		return nil, err
+	}
+	return t.cols, nil
+}
+
+// resolve checks the outbox relation against the mapping (required columns,
+// their types, the template's and the header columns) and records where the
+// template's and header columns are. It returns the first problem.
+func (d *Decoder) resolve(rel *relation, seen *[numRoles]bool) error {
+	missing := func(col string) error {
+		return &MissingColumnError{Schema: d.schema, Table: d.table, Column: col}
+	}
+	for _, req := range [...]struct {
+		r    role
+		name string
+	}{{roleID, d.cols.ID}, {roleAggregateID, d.cols.AggregateID}, {rolePayload, d.cols.Payload}} {
+		if !seen[req.r] {
+			return missing(req.name)
+		}
+	}
+	for _, c := range [...]struct {
+		r    role
+		name string
+		role string
+		ok   []uint32
+		want string
+	}{
+		{roleID, d.cols.ID, "id", []uint32{oidInt8, oidInt4, oidInt2, oidUUID}, "bigint, integer, smallint or uuid"},
+		{roleCreatedAt, d.cols.CreatedAt, "timestamp", []uint32{oidTimestamptz, oidTimestamp, oidText, oidVarchar, oidInt8, oidInt4}, "timestamptz, timestamp (or its ISO text), or bigint milliseconds since the Unix epoch"},
+		{roleHeaders, d.cols.Headers, "headers", []uint32{oidJSONB, oidJSON}, "jsonb or json (an object of string values)"},
+	} {
+		if !seen[c.r] {
+			continue
+		}
+		fits := false
+		for _, o := range c.ok {
+			fits = fits || rel.oid[c.r] == o
+		}
+		if !fits {
+			return &ColumnTypeError{Schema: d.schema, Table: d.table, Column: c.name, Role: c.role, OID: rel.oid[c.r], Want: c.want}
+		}
+	}
+	index := func(col string) int {
+		for i, n := range rel.names {
+			if n == col {
+				return i
+			}
+		}
+		return -1
+	}
+	if d.tmpl != nil {
+		rel.tmpl = make([]int, len(d.tmpl.cols))
+		for i, col := range d.tmpl.cols {
+			if rel.tmpl[i] = index(col); rel.tmpl[i] < 0 {
+				return missing(col)
+			}
+		}
+	}
+	rel.hdr = make([]int, len(d.hdrCols))
+	for i, h := range d.hdrCols {
+		if rel.hdr[i] = index(h.Column); rel.hdr[i] < 0 {
+			return missing(h.Column)
+		}
+	}
+	return nil
+}
+
+// renderTopic renders the topic template with the values of the row in
+// d.row; "" when a placeholder column is NULL.
+func (d *Decoder) renderTopic(b []byte, rel *relation) string {
+	buf := d.topicBuf[:0]
+	for i, lit := range d.tmpl.lits {
+		buf = append(buf, lit...)
+		if i == len(rel.tmpl) {
+			break
+		}
+		s := d.row[rel.tmpl[i]]
+		if s.kind != 't' {
+			return ""
+		}
+		buf = append(buf, b[s.start:s.end]...)
+	}
+	d.topicBuf = buf
+	return d.intern(buf, &d.lastTopic)
+}
+
+// appendJSONHeaders appends the members of v, a JSON object of string
+// values (or JSON null), to hs, in document order.
+func appendJSONHeaders(hs []Header, v []byte) ([]Header, bool) {
+	dec := json.NewDecoder(bytes.NewReader(v))
+	tok, err := dec.Token()
+	if err != nil {
+		return hs, false
+	}
+	if tok == nil {
+		_, err = dec.Token()
+		return hs, err == io.EOF
+	}
+	if tok != json.Delim('{') {
+		return hs, false
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return hs, false
+		}
+		val, err := dec.Token()
+		if err != nil {
+			return hs, false
+		}
+		vs, ok := val.(string)
+		if !ok {
+			return hs, false
+		}
+		hs = append(hs, Header{Key: k.(string), Value: vs})
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return hs, false
+	}
+	_, err = dec.Token()
+	return hs, err == io.EOF
+}
