@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/outboxd/outboxd/publisher"
 )
 
 // Config configures a Poller. Start from DefaultConfig.
@@ -24,8 +26,9 @@ type Config struct {
 	// connection each). More than one loses per-key order; see the package
 	// documentation.
 	Workers int
-	// DefaultTopic is used for rows whose topic column is absent or NULL.
-	DefaultTopic string
+	// Mapping shapes the records as under CDC: the default topic (for rows
+	// whose topic column is absent or NULL), headers, encodings.
+	publisher.Mapping
 	// DeadLetterTopic names the dead-letter topic in logs; set it together
 	// with Deps.NewDeadLetterer.
 	DeadLetterTopic string

@@ -298,7 +298,7 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		p.m.InFlightBytes.Sub(float64(outBytes))
 	}()
 	for i := range w.events {
-		r := publisher.NewRecord(&w.events[i], p.cfg.DefaultTopic, now)
+		r := publisher.NewRecord(&w.events[i], &p.cfg.Mapping, now)
 		size := int64(r.Size())
 		if r.Topic == "" {
 			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}

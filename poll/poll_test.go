@@ -557,7 +557,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("defaults with a DSN: %v", err)
 	}
-	bad := Config{Interval: -1, BatchSize: 0, Workers: 100, RestartBackoffMin: 2, RestartBackoffMax: 1, DefaultTopic: "x", DeadLetterTopic: "x"}
+	bad := Config{Interval: -1, BatchSize: 0, Workers: 100, RestartBackoffMin: 2, RestartBackoffMax: 1, Mapping: publisher.Mapping{DefaultTopic: "x"}, DeadLetterTopic: "x"}
 	err := bad.Validate()
 	for _, want := range []string{"no PostgreSQL connection string", "outbox table must be named", "poll interval must be > 0",
 		"poll batch size must be in 1..100000", "poll workers must be in 1..64", "shutdown timeout must be > 0",

@@ -8,8 +8,9 @@ import (
 
 // Config tunes the pipeline and its supervisor. Start from DefaultConfig.
 type Config struct {
-	// DefaultTopic is used for rows whose topic column is absent or NULL.
-	DefaultTopic string
+	// Mapping shapes the records: the default topic, the id and key
+	// headers, the key and value encodings.
+	Mapping
 	// DeadLetterTopic, when set, receives poison events (those Kafka refuses
 	// for good) instead of halting the service.
 	DeadLetterTopic string
@@ -58,6 +59,7 @@ type Config struct {
 // DefaultConfig returns a configuration tuned for latency on a single broker.
 func DefaultConfig() Config {
 	return Config{
+		Mapping:             DefaultMapping(),
 		MaxInFlightEvents:   20000,
 		MaxInFlightBytes:    64 << 20,
 		ShutdownTimeout:     30 * time.Second,
@@ -110,6 +112,9 @@ func (c Config) Validate() error {
 	}
 	if c.DeadLetterTopic != "" && c.DeadLetterTopic == c.DefaultTopic {
 		errs = append(errs, errors.New("dead-letter topic must differ from the default topic"))
+	}
+	if err := c.Mapping.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

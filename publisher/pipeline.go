@@ -224,7 +224,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 }
 
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
-	r := NewRecord(&m.Event, p.cfg.DefaultTopic, t.commitTime)
+	r := NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
 	r.Meta = t
 	size := int64(r.Size())
 	if err := p.lim.acquire(ctx, size); err != nil {

@@ -15,6 +15,6 @@ func BenchmarkEventToRecord(b *testing.B) {
 		Payload: []byte(`{"id": 42, "status": "created"}`), CreatedAt: time.Unix(1700000000, 0)}
 	b.ReportAllocs()
 	for b.Loop() {
-		_ = NewRecord(&ev, "", time.Time{})
+		_ = NewRecord(&ev, &Mapping{}, time.Time{})
 	}
 }

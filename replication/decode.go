@@ -196,41 +196,16 @@ const (
 
 // NewDecoder returns a Decoder for the outbox table described by cfg.
 func NewDecoder(cfg DecoderConfig) *Decoder {
-	def := DefaultColumns()
-	or := func(s, d string) string {
-		if s == "" {
-			return d
-		}
-		return s
-	}
-	// A column "-" is not read: no column has an empty name.
-	off := func(s string) string {
-		if s == columnOff {
-			return ""
-		}
-		return s
-	}
 	d := &Decoder{
-		schema: or(cfg.Schema, "public"),
-		table:  or(cfg.Table, "outbox"),
-		cols: Columns{
-			ID:          or(cfg.Columns.ID, def.ID),
-			AggregateID: or(cfg.Columns.AggregateID, def.AggregateID),
-			Topic:       off(or(cfg.Columns.Topic, def.Topic)),
-			Payload:     or(cfg.Columns.Payload, def.Payload),
-			CreatedAt:   off(or(cfg.Columns.CreatedAt, def.CreatedAt)),
-			EventType:   off(or(cfg.Columns.EventType, def.EventType)),
-			Headers:     off(or(cfg.Columns.Headers, def.Headers)),
-		},
+		schema:   or(cfg.Schema, "public"),
+		table:    or(cfg.Table, "outbox"),
+		cols:     cfg.columns(),
 		hdrCols:  cfg.HeaderColumns,
 		rels:     make(map[uint32]*relation),
 		interned: make(map[string]string),
 	}
 	// An invalid template is reported by Validate; here it routes nothing.
 	d.tmpl, _ = parseTopicTemplate(cfg.TopicTemplate)
-	if d.tmpl != nil {
-		d.cols.Topic = ""
-	}
 	return d
 }
 

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/outboxd/outboxd/slot"
 )
 
 // columnOff, as a column name in DecoderConfig.Columns, turns an optional
@@ -35,6 +37,72 @@ func (e *ColumnTypeError) Error() string {
 }
 
 func (e *ColumnTypeError) Unwrap() error { return ErrColumnType }
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// columns returns the column names the decoder reads: the defaults filled
+// in, "" for an optional column turned off ("-") and for the topic column
+// when a template routes.
+func (c DecoderConfig) columns() Columns {
+	def := DefaultColumns()
+	off := func(s string) string {
+		if s == columnOff {
+			return ""
+		}
+		return s
+	}
+	cols := Columns{
+		ID:          or(c.Columns.ID, def.ID),
+		AggregateID: or(c.Columns.AggregateID, def.AggregateID),
+		Topic:       off(or(c.Columns.Topic, def.Topic)),
+		Payload:     or(c.Columns.Payload, def.Payload),
+		CreatedAt:   off(or(c.Columns.CreatedAt, def.CreatedAt)),
+		EventType:   off(or(c.Columns.EventType, def.EventType)),
+		Headers:     off(or(c.Columns.Headers, def.Headers)),
+	}
+	if c.TopicTemplate != "" {
+		cols.Topic = ""
+	}
+	return cols
+}
+
+// TableColumns returns the columns the decoder reads, for slot.Preflight to
+// check before streaming: required ones must exist, and each must have a
+// type the decoder reads in its role. haveDefaultTopic makes the topic
+// column optional.
+func (c DecoderConfig) TableColumns(haveDefaultTopic bool) []slot.Column {
+	cols := c.columns()
+	out := []slot.Column{
+		{Name: cols.ID, Role: "id", Required: true, Types: []string{"bigint", "integer", "smallint", "uuid"}},
+		{Name: cols.AggregateID, Role: "key", Required: true},
+		{Name: cols.Payload, Role: "payload", Required: true},
+	}
+	optional := func(name, role string, types ...string) {
+		if name != "" {
+			out = append(out, slot.Column{Name: name, Role: role, Types: types})
+		}
+	}
+	if cols.Topic != "" {
+		out = append(out, slot.Column{Name: cols.Topic, Role: "topic", Required: !haveDefaultTopic})
+	}
+	optional(cols.CreatedAt, "timestamp", "timestamp with time zone", "timestamp without time zone", "text", "character varying", "bigint", "integer")
+	optional(cols.EventType, "event type")
+	optional(cols.Headers, "headers", "jsonb", "json")
+	if t, _ := parseTopicTemplate(c.TopicTemplate); t != nil {
+		for _, col := range t.cols {
+			out = append(out, slot.Column{Name: col, Role: "topic template placeholder", Required: true})
+		}
+	}
+	for _, h := range c.HeaderColumns {
+		out = append(out, slot.Column{Name: h.Column, Role: "header " + h.Header, Required: true})
+	}
+	return out
+}
 
 // Validate checks the topic template and the header columns.
 func (c DecoderConfig) Validate() error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -151,9 +153,11 @@ var relkindNames = map[byte]string{
 
 // outboxTable is the outbox table as the catalog describes it.
 type outboxTable struct {
-	OID     uint32
-	Kind    byte
-	Columns map[string]bool
+	OID  uint32
+	Kind byte
+	// Columns maps each column's name to its type, as format_type writes
+	// it.
+	Columns map[string]string
 }
 
 // lookupTable finds the outbox table and its columns, or returns an
@@ -183,23 +187,24 @@ WHERE n.nspname = $1 AND c.relname = $2`, cfg.Schema, cfg.Table).Scan(&t.OID, &k
 			cfg.qualifiedTable(), what))
 	}
 	rows, err := conn.Query(ctx, `
-SELECT attname::text FROM pg_catalog.pg_attribute
+SELECT attname::text, pg_catalog.format_type(atttypid, NULL) FROM pg_catalog.pg_attribute
 WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped`, t.OID)
 	if err != nil {
 		return nil, fmt.Errorf("slot: read columns of %s: %w", cfg.qualifiedTable(), err)
 	}
-	cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	t.Columns = make(map[string]string)
+	var name, typ string
+	_, err = pgx.ForEachRow(rows, []any{&name, &typ}, func() error {
+		t.Columns[name] = typ
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("slot: read columns of %s: %w", cfg.qualifiedTable(), err)
-	}
-	t.Columns = make(map[string]bool, len(cols))
-	for _, c := range cols {
-		t.Columns[c] = true
 	}
 	return &t, nil
 }
 
-// Columns outboxd reads from the outbox table, in table order.
+// Columns outboxd reads from its own outbox table.
 const (
 	columnID          = "id"
 	columnAggregateID = "aggregate_id"
@@ -207,18 +212,44 @@ const (
 	columnPayload     = "payload"
 )
 
-// requiredColumns returns the columns that must exist.
-func requiredColumns(requireTopic bool) []string {
-	if requireTopic {
-		return []string{columnID, columnAggregateID, columnTopic, columnPayload}
+// columns returns the columns outboxd reads: cfg.Columns, or those of its
+// own table when nil.
+func (cfg Config) columns(requireTopic bool) []Column {
+	if cfg.Columns != nil {
+		return cfg.Columns
 	}
-	return []string{columnID, columnAggregateID, columnPayload}
+	return []Column{
+		{Name: columnID, Role: "id", Required: true},
+		{Name: columnAggregateID, Role: "key", Required: true},
+		{Name: columnTopic, Role: "topic", Required: requireTopic},
+		{Name: columnPayload, Role: "payload", Required: true},
+	}
 }
 
-func columnMissingError(cfg Config, column string) error {
-	msg := fmt.Sprintf("outbox table %s has no column %q: add it (see migrations/001_outbox.sql)", cfg.qualifiedTable(), column)
-	if column == columnTopic {
-		msg += " or configure a default topic"
+// checkColumns returns the first column of cols the table lacks or has with
+// the wrong type.
+func checkColumns(cfg Config, table *outboxTable, cols []Column) error {
+	for _, c := range cols {
+		typ, ok := table.Columns[c.Name]
+		if !ok {
+			if c.Required {
+				return columnMissingError(cfg, c)
+			}
+			continue
+		}
+		if len(c.Types) > 0 && !slices.Contains(c.Types, typ) {
+			return newError(ErrColumnType, fmt.Sprintf(
+				"outbox column %q of %s (the %s) is %s, outboxd reads %s there: change its type or map another column",
+				c.Name, cfg.qualifiedTable(), c.Role, typ, strings.Join(c.Types, ", ")))
+		}
+	}
+	return nil
+}
+
+func columnMissingError(cfg Config, c Column) error {
+	msg := fmt.Sprintf("outbox table %s has no column %q (the %s): add it (see migrations/001_outbox.sql) or map another column", cfg.qualifiedTable(), c.Name, c.Role)
+	if c.Role == "topic" {
+		msg += ", set a topic template or configure a default topic"
 	}
 	return newError(ErrColumnMissing, msg)
 }

@@ -25,6 +25,24 @@ type Config struct {
 	// streaming resumes on the standby after a promotion. Ignored before 17,
 	// where slots live only on the primary, and for a slot that exists.
 	Failover bool
+	// Columns are the columns outboxd reads from the outbox table, as the
+	// decoder is configured (replication.DecoderConfig.TableColumns). Nil:
+	// outboxd's own table (id, aggregate_id, payload, and topic unless a
+	// default topic is set).
+	Columns []Column
+}
+
+// Column is one column outboxd reads from the outbox table.
+type Column struct {
+	// Name is the column's name.
+	Name string
+	// Role says what outboxd reads it for ("id", "key", ...), for messages.
+	Role string
+	// Required columns must exist; the others are read when they do.
+	Required bool
+	// Types are the type names (as format_type writes them: "bigint",
+	// "timestamp with time zone") it may have; empty: any.
+	Types []string
 }
 
 // DefaultConfig returns the configuration outboxd uses unless told otherwise:

@@ -2,6 +2,7 @@ package slot
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -13,7 +14,7 @@ func TestDefaultConfigIsValid(t *testing.T) {
 		t.Fatalf("DefaultConfig().Validate() = %v", err)
 	}
 	want := Config{Slot: "outboxd", Publication: "outboxd", Schema: "public", Table: "outbox", Failover: true}
-	if cfg != want {
+	if !reflect.DeepEqual(cfg, want) {
 		t.Fatalf("DefaultConfig() = %+v, want %+v", cfg, want)
 	}
 }

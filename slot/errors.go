@@ -14,6 +14,9 @@ var (
 	ErrTableMissing = errors.New("outbox table missing")
 	// ErrColumnMissing: the outbox table lacks a column outboxd reads.
 	ErrColumnMissing = errors.New("outbox column missing")
+	// ErrColumnType: a column outboxd reads has a type it cannot read in
+	// that role (a text id, a headers column that is not json).
+	ErrColumnType = errors.New("outbox column of the wrong type")
 	// ErrNoReplicationRole: the role has neither REPLICATION nor SUPERUSER,
 	// so it can neither create a slot nor stream from one.
 	ErrNoReplicationRole = errors.New("role lacks REPLICATION")

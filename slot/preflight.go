@@ -14,9 +14,10 @@ import (
 //
 //  1. wal_level is "logical" ([ErrWALLevel]);
 //  2. the outbox table exists and is a table ([ErrTableMissing]);
-//  3. it has the columns id, aggregate_id and payload, and topic unless
-//     requireTopic is false because the caller has a default topic
-//     ([ErrColumnMissing]);
+//  3. it has the columns of cfg.Columns that are required, each of a type
+//     outboxd reads in its role ([ErrColumnMissing], [ErrColumnType]); by
+//     default id, aggregate_id and payload, and topic unless requireTopic is
+//     false because the caller has a default topic;
 //  4. the current role has REPLICATION or is a superuser
 //     ([ErrNoReplicationRole]);
 //  5. if the slot exists, it is a persistent logical pgoutput slot of this
@@ -36,10 +37,8 @@ func Preflight(ctx context.Context, conn *pgx.Conn, cfg Config, requireTopic boo
 	if err != nil {
 		return err
 	}
-	for _, col := range requiredColumns(requireTopic) {
-		if !table.Columns[col] {
-			return columnMissingError(cfg, col)
-		}
+	if err := checkColumns(cfg, table, cfg.columns(requireTopic)); err != nil {
+		return err
 	}
 	if err := checkRole(ctx, conn); err != nil {
 		return err

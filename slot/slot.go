@@ -76,11 +76,11 @@ func checkPublication(p *publication, cfg Config, table *outboxTable) error {
 		for _, c := range p.Columns {
 			published[c] = true
 		}
-		for _, c := range requiredColumns(true) {
-			if table.Columns[c] && !published[c] {
+		for _, c := range cfg.columns(true) {
+			if _, ok := table.Columns[c.Name]; ok && !published[c.Name] {
 				return newError(ErrPublicationMismatch, fmt.Sprintf(
 					"publication %q does not publish column %q of %s: ALTER PUBLICATION %s SET TABLE %s (without a column list)",
-					cfg.Publication, c, tbl, pub, tbl))
+					cfg.Publication, c.Name, tbl, pub, tbl))
 			}
 		}
 	}

@@ -345,7 +345,8 @@ func cmdConfigCheck(_ context.Context, args []string) error {
 	kcfg, kerr := o.kafkaConfig()
 	_, herr := publisher.ParseHooks(o.hooks)
 	_, lerr := o.logger(io.Discard)
-	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate(), o.streamConfig().Validate(), herr, lerr); err != nil {
+	serr := o.shape()
+	if err := errors.Join(o.validateCommon(), kerr, serr, o.pub.Validate(), o.streamConfig().Validate(), herr, lerr); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "config check: valid (Kafka %s: %s)\n", strings.Join(kcfg.Brokers, ","), o.kafkaSec.Describe())

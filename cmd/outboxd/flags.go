@@ -43,6 +43,8 @@ type options struct {
 	noCreate        bool
 	metricsAddr     string
 	pub             publisher.Config
+	shapeOpts       shapeOptions // shape.go
+	decoder         replication.DecoderConfig
 	poll            pollOptions // --source=poll: poll.go
 	kafkaSec        kafka.Security
 	slotPoll        time.Duration
@@ -86,7 +88,8 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	addPollFlags(fs, o)
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
 	o.kafkaSec.AddFlags(fs)
-	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows whose topic column is absent or NULL")
+	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows without one (topic column absent or NULL, or a NULL placeholder of --topic-template)")
+	addShapeFlags(fs, &o.shapeOpts)
 	fs.StringVar(&o.pub.Delivery, "delivery", o.pub.Delivery, "at-least-once, or exactly-once: Kafka transactions with the checkpoint inside, confirmed to PostgreSQL only after the commit (consumers must read read_committed)")
 	fs.StringVar(&o.pub.CheckpointTopic, "checkpoint-topic", o.pub.CheckpointTopic, "compacted topic of outboxd's checkpoints (created when missing); replayed transactions below the checkpoint are skipped; empty: off (at-least-once only)")
 	fs.DurationVar(&o.pub.CheckpointInterval, "checkpoint-interval", o.pub.CheckpointInterval, "how often a checkpoint is written when nothing else writes one")
@@ -176,11 +179,7 @@ func (o *options) streamConfig() replication.StreamConfig {
 		StatusInterval: o.statusInterval,
 		ServerTimeout:  o.serverTimeout,
 		ConnectTimeout: replication.DefaultStreamConfig().ConnectTimeout,
-		Decoder: replication.DecoderConfig{
-			Schema:  o.slot.Schema,
-			Table:   o.slot.Table,
-			Columns: replication.DefaultColumns(),
-		},
+		Decoder:        o.decoder,
 	}
 }
 

@@ -51,7 +51,7 @@ func (o *options) pollConfig() (poll.Config, error) {
 	c.ConnString = o.pgDSN
 	c.Schema, c.Table = o.slot.Schema, o.slot.Table
 	c.Interval, c.BatchSize, c.Workers = o.poll.interval, o.poll.batchSize, o.poll.workers
-	c.DefaultTopic, c.DeadLetterTopic = o.pub.DefaultTopic, o.pub.DeadLetterTopic
+	c.Mapping, c.DeadLetterTopic = o.pub.Mapping, o.pub.DeadLetterTopic
 	c.ShutdownTimeout = o.pub.ShutdownTimeout
 	c.RestartBackoffMin, c.RestartBackoffMax = o.pub.RestartBackoffMin, o.pub.RestartBackoffMax
 	if o.poll.source != sourcePoll {

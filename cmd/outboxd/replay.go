@@ -46,7 +46,7 @@ func cmdReplay(ctx context.Context, args []string) error {
 		rng.Since = t
 	}
 	kcfg, kerr := o.kafkaConfig()
-	if err := errors.Join(o.validateCommon(), kerr); err != nil {
+	if err := errors.Join(o.validateCommon(), kerr, o.shape()); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
 	if *batch < 1 {
@@ -78,10 +78,10 @@ func cmdReplay(ctx context.Context, args []string) error {
 		}
 	}()
 	pcfg := poll.DefaultConfig()
-	pcfg.Schema, pcfg.Table, pcfg.DefaultTopic = o.slot.Schema, o.slot.Table, o.pub.DefaultTopic
+	pcfg.Schema, pcfg.Table, pcfg.Mapping = o.slot.Schema, o.slot.Table, o.pub.Mapping
 	n, err := poll.Replay(ctx, conn, pcfg, rng, *batch, func(events []replication.Event) error {
 		for i := range events {
-			if err := prod.Send(ctx, publisher.NewRecord(&events[i], o.pub.DefaultTopic, time.Now())); err != nil {
+			if err := prod.Send(ctx, publisher.NewRecord(&events[i], &o.pub.Mapping, time.Now())); err != nil {
 				return err
 			}
 		}

@@ -38,7 +38,8 @@ func cmdRun(ctx context.Context, args []string) error {
 // runCDC is `outboxd run` with its options parsed (also after a replay).
 func runCDC(ctx context.Context, o *options) error {
 	kcfg, kerr := o.kafkaConfig()
-	if err := errors.Join(o.validateCommon(), kerr, o.pub.Validate(), o.streamConfig().Validate()); err != nil {
+	serr := o.shape()
+	if err := errors.Join(o.validateCommon(), kerr, serr, o.pub.Validate(), o.streamConfig().Validate()); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
 	logger, err := o.logger(os.Stderr)

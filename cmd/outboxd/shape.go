@@ -1,0 +1,113 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+)
+
+// Outbox shapes --format selects; each flag below overrides one part.
+const (
+	formatOutboxd  = "outboxd"
+	formatDebezium = "debezium"
+)
+
+// shapeOptions are the flags that map an outbox table to records. Empty
+// means "as --format says".
+type shapeOptions struct {
+	format                                          string
+	idColumn, keyColumn, payloadColumn, topicColumn string
+	timestampColumn, eventTypeColumn, headersColumn string
+	topicTemplate                                   string
+	headerColumns                                   stringList
+	idHeader, keyHeader, keyEncoding, valueEncoding string
+}
+
+func addShapeFlags(fs *flag.FlagSet, s *shapeOptions) {
+	fs.StringVar(&s.format, "format", formatOutboxd, "outbox shape: outboxd (id, aggregate_id, topic, payload, created_at, event_type, headers) or debezium (Debezium's Outbox Event Router defaults: uuid id, aggregateid, payload, topic outbox.event.{aggregatetype}, header id, key and value as JSON strings); the flags below override single parts")
+	fs.StringVar(&s.idColumn, "id-column", "", "event id column, bigint or uuid (sent in the id header) [format: id]")
+	fs.StringVar(&s.keyColumn, "key-column", "", "record key column [format: aggregate_id / aggregateid]")
+	fs.StringVar(&s.payloadColumn, "payload-column", "", "record value column [format: payload]")
+	fs.StringVar(&s.topicColumn, "topic-column", "", "topic column (\"-\": none) [format: topic / none]")
+	fs.StringVar(&s.topicTemplate, "topic-template", "", "route by a template instead of the topic column: {column} is replaced by the row's value, e.g. 'outbox.event.{aggregatetype}' [format: none / outbox.event.{aggregatetype}]")
+	fs.StringVar(&s.timestampColumn, "timestamp-column", "", "record timestamp column: timestamptz, timestamp or bigint epoch milliseconds; absent or NULL: the commit time (\"-\": none) [format: created_at / none]")
+	fs.StringVar(&s.eventTypeColumn, "event-type-column", "", "column sent in the event-type header (\"-\": none) [format: event_type / none]")
+	fs.StringVar(&s.headersColumn, "headers-column", "", "jsonb column whose object of string values becomes headers, e.g. traceparent (\"-\": none) [format: headers / none]")
+	fs.Var(&s.headerColumns, "header-column", "COLUMN=HEADER: send a column's value in a header (repeatable), e.g. type=eventType")
+	fs.StringVar(&s.idHeader, "id-header", "", "header carrying the event id (\"-\": none) [format: outbox-id / id]")
+	fs.StringVar(&s.keyHeader, "key-header", "", "header carrying the key (\"-\": none) [format: aggregate-id / none]")
+	fs.StringVar(&s.keyEncoding, "key-encoding", "", "raw or json-string (the key as a JSON string, as Kafka Connect's JsonConverter writes it) [format: raw / json-string]")
+	fs.StringVar(&s.valueEncoding, "value-encoding", "", "raw or json-string [format: raw / json-string]")
+}
+
+// shape resolves --format and its overrides into the decoder's
+// configuration, the record mapping and the columns preflight checks.
+func (o *options) shape() error {
+	s := &o.shapeOpts
+	var (
+		cols replication.Columns
+		tmpl string
+		m    = publisher.DefaultMapping()
+	)
+	switch s.format {
+	case formatOutboxd, "":
+		cols = replication.DefaultColumns()
+	case formatDebezium:
+		cols = replication.Columns{ID: "id", AggregateID: "aggregateid", Payload: "payload",
+			Topic: "-", CreatedAt: "-", EventType: "-", Headers: "-"}
+		tmpl = "outbox.event.{aggregatetype}"
+		m.IDHeader, m.KeyHeader = "id", "-"
+		m.KeyEncoding, m.ValueEncoding = publisher.JSONString, publisher.JSONString
+	default:
+		return fmt.Errorf("--format %q: use %s or %s", s.format, formatOutboxd, formatDebezium)
+	}
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&cols.ID, s.idColumn)
+	set(&cols.AggregateID, s.keyColumn)
+	set(&cols.Payload, s.payloadColumn)
+	set(&cols.Topic, s.topicColumn)
+	set(&cols.CreatedAt, s.timestampColumn)
+	set(&cols.EventType, s.eventTypeColumn)
+	set(&cols.Headers, s.headersColumn)
+	set(&tmpl, s.topicTemplate)
+	set(&m.IDHeader, s.idHeader)
+	set(&m.KeyHeader, s.keyHeader)
+	if s.keyEncoding != "" {
+		m.KeyEncoding = publisher.Encoding(s.keyEncoding)
+	}
+	if s.valueEncoding != "" {
+		m.ValueEncoding = publisher.Encoding(s.valueEncoding)
+	}
+	var errs []error
+	var hcs []replication.HeaderColumn
+	for _, hc := range s.headerColumns {
+		col, hdr, ok := strings.Cut(hc, "=")
+		if !ok || col == "" || hdr == "" {
+			errs = append(errs, fmt.Errorf("--header-column %q: write COLUMN=HEADER, e.g. type=eventType", hc))
+			continue
+		}
+		hcs = append(hcs, replication.HeaderColumn{Column: col, Header: hdr})
+	}
+	dec := replication.DecoderConfig{Schema: o.slot.Schema, Table: o.slot.Table, Columns: cols, TopicTemplate: tmpl, HeaderColumns: hcs}
+	if err := dec.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	m.DefaultTopic = o.pub.DefaultTopic
+	if err := m.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	o.decoder, o.pub.Mapping = dec, m
+	o.slot.Columns = dec.TableColumns(o.pub.DefaultTopic != "")
+	return nil
+}

@@ -1,0 +1,87 @@
+package publisher
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/replication"
+)
+
+func headerList(t *testing.T, m *Mapping, ev *replication.Event) string {
+	t.Helper()
+	r := NewRecord(ev, m, time.Time{})
+	var s string
+	for _, h := range r.Headers {
+		s += fmt.Sprintf("%s=%s;", h.Key, h.Value)
+	}
+	return s
+}
+
+func TestNewRecordHeaders(t *testing.T) {
+	ev := &replication.Event{ID: 42, AggregateID: "order-1", EventType: "Created",
+		Headers: []replication.Header{{Key: "traceparent", Value: "00-abc-def-01"}}}
+	if got, want := headerList(t, &Mapping{}, ev), "outbox-id=42;aggregate-id=order-1;event-type=Created;traceparent=00-abc-def-01;"; got != want {
+		t.Errorf("default mapping: headers %s, want %s", got, want)
+	}
+	uuid := &replication.Event{UUID: "4d47e190-0402-4048-bc2c-89dd54343cdc", AggregateID: "1"}
+	if got, want := headerList(t, &Mapping{IDHeader: "id", KeyHeader: "-"}, uuid), "id=4d47e190-0402-4048-bc2c-89dd54343cdc;"; got != want {
+		t.Errorf("debezium headers: %s, want %s", got, want)
+	}
+}
+
+func TestNewRecordJSONStringEncoding(t *testing.T) {
+	ev := &replication.Event{ID: 1, AggregateID: "1", Payload: []byte(`{"id": 1, "s": "a\"b", "t": "x</y>"}`)}
+	r := NewRecord(ev, &Mapping{KeyEncoding: JSONString, ValueEncoding: JSONString}, time.Time{})
+	if got, want := string(r.Key), `"1"`; got != want {
+		t.Errorf("key %s, want %s", got, want)
+	}
+	// As Kafka Connect's JsonConverter writes the string: quotes and
+	// backslashes escaped, '<' and '>' not.
+	if got, want := string(r.Value), `"{\"id\": 1, \"s\": \"a\\\"b\", \"t\": \"x</y>\"}"`; got != want {
+		t.Errorf("value %s, want %s", got, want)
+	}
+	var back string
+	if err := json.Unmarshal(r.Value, &back); err != nil || back != string(ev.Payload) {
+		t.Errorf("value decodes to %q (%v), want the payload", back, err)
+	}
+}
+
+func TestAppendJSONStringMatchesJackson(t *testing.T) {
+	for in, want := range map[string]string{
+		"":              `""`,
+		"a\x01\x1fb":    `"a\u0001\u001Fb"`,
+		"\b\t\n\f\r":    `"\b\t\n\f\r"`,
+		"é\u2028€":      "\"é\u2028€\"",
+		"bad\xffutf8":   "\"bad\uFFFDutf8\"",
+		`back\slash"q"`: `"back\\slash\"q\""`,
+	} {
+		if got := string(appendJSONString(nil, []byte(in))); got != want {
+			t.Errorf("appendJSONString(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+func FuzzAppendJSONString(f *testing.F) {
+	f.Add([]byte(`{"a": "b"}`))
+	f.Add([]byte("\x00\xff\u2028"))
+	f.Fuzz(func(t *testing.T, s []byte) {
+		var back string
+		if err := json.Unmarshal(appendJSONString(nil, s), &back); err != nil {
+			t.Fatalf("appendJSONString(%q) is not a JSON string: %v", s, err)
+		}
+		if want := string([]rune(string(s))); back != want {
+			t.Fatalf("appendJSONString(%q) decodes to %q, want %q", s, back, want)
+		}
+	})
+}
+
+func TestMappingValidate(t *testing.T) {
+	if err := (Mapping{KeyEncoding: "base64"}).Validate(); err == nil {
+		t.Error("unknown key encoding: Validate() = nil")
+	}
+	if err := DefaultMapping().Validate(); err != nil {
+		t.Error(err)
+	}
+}
