@@ -1,5 +1,6 @@
 // Package migrations holds outboxd's own schema as numbered SQL files
-// embedded in the binary (today only the outbox table, 001_outbox.sql), and
+// embedded in the binary (the outbox table, 001_outbox.sql, and its headers
+// column, 005_outbox_headers.sql), and
 // the small runner that applies them, [Apply]. Other owners run their own
 // numbered files with the same runner, [ApplyFS], each recording its versions
 // in a table of its own: the examples' tables (examples/internal/brew).

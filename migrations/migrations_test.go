@@ -82,6 +82,7 @@ WHERE table_schema = 'public' AND table_name = 'outbox'`)
 		"topic":        "text:NO",
 		"payload":      "jsonb:NO",
 		"created_at":   "timestamp with time zone:NO",
+		"headers":      "jsonb:YES",
 	}
 	if len(cols) != len(wantCols) {
 		t.Errorf("outbox has columns %v, want %v", cols, wantCols)

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// headerPairs lists a message's headers as key=value.
+func headerPairs(m *sarama.ConsumerMessage) []string {
+	var hs []string
+	for _, h := range m.Headers {
+		hs = append(hs, string(h.Key)+"="+string(h.Value))
+	}
+	return hs
+}
+
+// dbzRow is one row of a Debezium-shaped outbox, as Postgres renders it.
+type dbzRow struct {
+	id, aggregateType, aggregateID, payload string
+}
+
+// TestRunDebeziumFormat feeds a table of the Outbox Event Router's shape
+// and checks each record against the router's documented output with its
+// defaults (and Kafka Connect's JsonConverter, schemas disabled): topic
+// outbox.event.<aggregatetype> verbatim, key the aggregate id as a JSON
+// string, value the payload text as a JSON string, one header: id=<uuid>.
+func TestRunDebeziumFormat(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	k := testenv.Kafka(t)
+	table := testenv.UniqueName("outboxevent")
+	e.exec(fmt.Sprintf(`CREATE TABLE %q (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+		aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL,
+		type varchar(255) NOT NULL,
+		payload jsonb)`, table))
+	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	// Upper case survives: the router routes verbatim.
+	order, customer := "Order_"+table, "Customer_"+table
+	createTopic(t, k.Brokers, "outbox.event."+order, 3)
+	createTopic(t, k.Brokers, "outbox.event."+customer, 3)
+
+	d := e.start("--table", table, "--format", "debezium")
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	payloads := []string{
+		`{"id": 1, "lineItems": [{"id": 1, "item": "Debezium in Action", "quantity": 2}], "customerId": 123}`,
+		`{"quote": "say \"hi\"", "path": "C:\\tmp", "html": "<b>&</b>", "unicode": "größe €", "nl": "a\nb"}`,
+		`{}`,
+	}
+	var want []dbzRow
+	for i := range 30 {
+		typ, agg := order, fmt.Sprintf("%d", i%4)
+		if i%3 == 0 {
+			typ, agg = customer, fmt.Sprintf("c-%d", i%2)
+		}
+		var r dbzRow
+		err := c.QueryRow(ctx, fmt.Sprintf(`INSERT INTO %q (aggregatetype, aggregateid, type, payload)
+			VALUES ($1, $2, 'Created', $3::jsonb) RETURNING id::text, aggregatetype, aggregateid, payload::text`, table),
+			typ, agg, payloads[i%len(payloads)]).Scan(&r.id, &r.aggregateType, &r.aggregateID, &r.payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, r)
+	}
+	var got []*sarama.ConsumerMessage
+	got = append(got, k.ReadAll(t, "outbox.event."+order, 20, 60*time.Second)...)
+	got = append(got, k.ReadAll(t, "outbox.event."+customer, 10, 60*time.Second)...)
+	d.stop()
+
+	byID := map[string]*sarama.ConsumerMessage{}
+	for _, m := range got {
+		hs := headerPairs(m)
+		if len(hs) != 1 || !strings.HasPrefix(hs[0], "id=") {
+			t.Fatalf("%s/%d@%d: headers %q, want exactly one: id=<uuid>", m.Topic, m.Partition, m.Offset, hs)
+		}
+		id := strings.TrimPrefix(hs[0], "id=")
+		if byID[id] != nil {
+			t.Fatalf("event %s published twice", id)
+		}
+		byID[id] = m
+	}
+	if len(byID) != len(want) {
+		t.Fatalf("%d events in Kafka, want %d", len(byID), len(want))
+	}
+	lastOffset := map[string]int64{} // per key: offsets rise in insert order
+	for i, r := range want {
+		m := byID[r.id]
+		if m == nil {
+			t.Fatalf("row %d (id %s) not published", i, r.id)
+		}
+		if want := "outbox.event." + r.aggregateType; m.Topic != want {
+			t.Errorf("row %d: topic %q, want %q", i, m.Topic, want)
+		}
+		wantKey, _ := json.Marshal(r.aggregateID)
+		if string(m.Key) != string(wantKey) {
+			t.Errorf("row %d: key %s, want %s", i, m.Key, wantKey)
+		}
+		// The value is the payload's text as one JSON string, which
+		// decodes to exactly the text Postgres renders.
+		var text string
+		if err := json.Unmarshal(m.Value, &text); err != nil || text != r.payload {
+			t.Errorf("row %d: value %s decodes to %q (%v), want the payload text %q", i, m.Value, text, err, r.payload)
+		}
+		if strings.Contains(string(m.Value), `\u003c`) {
+			t.Errorf("row %d: value %s escapes '<' (JsonConverter does not)", i, m.Value)
+		}
+		k := m.Topic + "/" + string(m.Key)
+		if off, ok := lastOffset[k]; ok && m.Offset <= off {
+			t.Errorf("row %d: key %s at offset %d, after an earlier event of the key at %d", i, k, m.Offset, off)
+		}
+		lastOffset[k] = m.Offset
+	}
+	// One record, as documented in the closing note.
+	m := byID[want[1].id]
+	t.Logf("record: topic %s key %s headers %q value %s", m.Topic, m.Key, headerPairs(m), m.Value)
+}
+
+// TestRunHeadersColumnAndMapping checks the parts of a mapping on
+// outboxd's own table: the headers jsonb column passes a W3C trace context
+// through unchanged, --header-column places a column, --topic-template
+// routes, and the timestamp comes from the row.
+func TestRunHeadersColumnAndMapping(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	k := testenv.Kafka(t)
+	kind := testenv.UniqueName("kind")
+	createTopic(t, k.Brokers, "events."+kind, 1)
+	e.exec(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS kind text`)
+	d := e.start("--topic-template", "events.{kind}", "--header-column", "kind=eventKind", "--timestamp-column", "created_at")
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	created := time.Date(2026, 11, 30, 12, 0, 0, 123000000, time.UTC)
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, kind, headers, created_at)
+		VALUES ('a-1', 'unused', '{"n": 1}', $1, jsonb_build_object('traceparent', $2::text, 'tracestate', 'congo=t61rcWkgMzE'), $3)`,
+		kind, tp, created)
+	got := k.ReadAll(t, "events."+kind, 1, 60*time.Second)
+	d.stop()
+	if len(got) != 1 {
+		t.Fatalf("%d records, want 1", len(got))
+	}
+	m := got[0]
+	hs := headerPairs(m)
+	// jsonb keeps an object's keys sorted (shorter first), and so do the
+	// headers: tracestate before traceparent.
+	wantHs := []string{"eventKind=" + kind, "tracestate=congo=t61rcWkgMzE", "traceparent=" + tp}
+	if len(hs) < 2 || !strings.HasPrefix(hs[0], "outbox-id=") || hs[1] != "aggregate-id=a-1" || !slices.Equal(hs[2:], wantHs) {
+		t.Errorf("headers %q, want outbox-id, aggregate-id=a-1, then %q", hs, wantHs)
+	}
+	if !m.Timestamp.Equal(created) {
+		t.Errorf("timestamp %v, want the row's %v", m.Timestamp, created)
+	}
+	if string(m.Key) != "a-1" || string(m.Value) != `{"n": 1}` {
+		t.Errorf("key %q value %q, want raw a-1 and {\"n\": 1}", m.Key, m.Value)
+	}
+}
+
+// TestRunMappedColumnPreflight: a mapped column that is missing or of the
+// wrong type stops outboxd before it streams, with one line naming it.
+func TestRunMappedColumnPreflight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	table := testenv.UniqueName("badshape")
+	e.exec(fmt.Sprintf(`CREATE TABLE %q (id text PRIMARY KEY, aggregateid text, payload jsonb)`, table))
+	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	expectExit(t, fmt.Sprintf(`outbox column "id" of public.%s (the id) is text, outboxd reads bigint, integer, smallint, uuid there: change its type or map another column`, table),
+		e.args("--table", table, "--format", "debezium")...)
+	e.exec(fmt.Sprintf(`ALTER TABLE %q ALTER COLUMN id TYPE uuid USING gen_random_uuid()`, table))
+	expectExit(t, fmt.Sprintf(`outbox table public.%s has no column "aggregatetype" (the topic template placeholder): add it (see migrations/001_outbox.sql) or map another column`, table),
+		e.args("--table", table, "--format", "debezium")...)
+}
