@@ -23,6 +23,20 @@ func headerPairs(m *sarama.ConsumerMessage) []string {
 	return hs
 }
 
+// debeziumTable creates an outbox table of the Outbox Event Router's
+// documented shape and returns its name.
+func debeziumTable(e *env) string {
+	table := testenv.UniqueName("outboxevent")
+	e.exec(fmt.Sprintf(`CREATE TABLE %q (
+		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+		aggregatetype varchar(255) NOT NULL,
+		aggregateid varchar(255) NOT NULL,
+		type varchar(255) NOT NULL,
+		payload jsonb)`, table))
+	e.t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	return table
+}
+
 // dbzRow is one row of a Debezium-shaped outbox, as Postgres renders it.
 type dbzRow struct {
 	id, aggregateType, aggregateID, payload string
@@ -37,14 +51,7 @@ func TestRunDebeziumFormat(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	k := testenv.Kafka(t)
-	table := testenv.UniqueName("outboxevent")
-	e.exec(fmt.Sprintf(`CREATE TABLE %q (
-		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-		aggregatetype varchar(255) NOT NULL,
-		aggregateid varchar(255) NOT NULL,
-		type varchar(255) NOT NULL,
-		payload jsonb)`, table))
-	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	table := debeziumTable(e)
 	// Upper case survives: the router routes verbatim.
 	order, customer := "Order_"+table, "Customer_"+table
 	createTopic(t, k.Brokers, "outbox.event."+order, 3)
@@ -178,4 +185,49 @@ func TestRunMappedColumnPreflight(t *testing.T) {
 	e.exec(fmt.Sprintf(`ALTER TABLE %q ALTER COLUMN id TYPE uuid USING gen_random_uuid()`, table))
 	expectExit(t, fmt.Sprintf(`outbox table public.%s has no column "aggregatetype" (the topic template placeholder): add it (see migrations/001_outbox.sql) or map another column`, table),
 		e.args("--table", table, "--format", "debezium")...)
+}
+
+// TestRunTakesOverDebeziumSlot is the handover README's migration guide
+// describes: Debezium stopped, outboxd started on Debezium's own slot and
+// publication (--slot debezium --publication dbz_publication --no-create).
+// Debezium's footprint is reproduced without Debezium: a pgoutput slot, a
+// FOR ALL TABLES publication (its autocreate mode all_tables), and the slot
+// confirmed past the rows Debezium published. outboxd publishes exactly the
+// rows after that position: none lost, none replayed.
+func TestRunTakesOverDebeziumSlot(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	k := testenv.Kafka(t)
+	table := debeziumTable(e)
+	agg := "Order_" + table
+	createTopic(t, k.Brokers, "outbox.event."+agg, 1)
+	dbzSlot, dbzPub := testenv.UniqueName("debezium"), testenv.UniqueName("dbz_publication")
+	e.exec(fmt.Sprintf(`CREATE PUBLICATION %q FOR ALL TABLES`, dbzPub))
+	e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, dbzSlot)
+	insert := func(from, to int) {
+		for i := from; i < to; i++ {
+			e.exec(fmt.Sprintf(`INSERT INTO %q (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'Created', $3)`, table),
+				agg, "a", fmt.Sprintf(`{"n": %d}`, i))
+		}
+	}
+	insert(0, 50) // published by Debezium, which confirmed them
+	e.exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, dbzSlot)
+	insert(50, 80) // committed while neither runs
+
+	d := e.start("--table", table, "--format", "debezium", "--slot", dbzSlot, "--publication", dbzPub, "--no-create")
+	insert(80, 100) // while outboxd streams
+	got := k.ReadAll(t, "outbox.event."+agg, 50, 60*time.Second)
+	// ReadAll stops at 50: read again, asking for one more than can be
+	// there, to see that nothing else arrives within 3 s.
+	more := k.ReadAll(t, "outbox.event."+agg, 51, 3*time.Second)
+	d.stop()
+	if len(more) != 50 || len(got) != 50 {
+		t.Fatalf("%d records (then %d), want exactly the 50 rows after Debezium's confirmed position", len(got), len(more))
+	}
+	for i, m := range more {
+		var text string
+		if err := json.Unmarshal(m.Value, &text); err != nil || text != fmt.Sprintf(`{"n": %d}`, 50+i) {
+			t.Fatalf("record %d: value %s, want row %d's payload (rows 0-49 were Debezium's)", i, m.Value, 50+i)
+		}
+	}
 }
