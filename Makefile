@@ -57,8 +57,9 @@ test: deps lint
 ## server from Maven Central next to the dev stack's Kafka): publish, clean
 ## stop, kill -9, stop inside a transaction, a huge transaction, standby
 ## takeover, preflight and poison errors, exactly-once kill -9, a frozen
-## walsender, idle WAL. Needs the dev stack (make up).
-E2E_PG17 := ^TestRun(PublishesEveryEventOnceInPerKeyOrder|CleanStopAndRestartLosesAndDuplicatesNothing|Kill9FiveTimesLosesNothing|StopInsideATransactionFinishesItFirst|PublishesOneHugeTransaction|StandbyTakesOverWhenActiveIsKilled|PreflightErrors|PoisonEvents|ExactlyOnceKill9UnderLoad|RestartsWhenTheWalsenderFreezes|IdleOutboxDoesNotPinWAL)$$
+## walsender, idle WAL, the table-less outbox, the Debezium format. Needs the
+## dev stack (make up).
+E2E_PG17 := ^TestRun(PublishesEveryEventOnceInPerKeyOrder|CleanStopAndRestartLosesAndDuplicatesNothing|Kill9FiveTimesLosesNothing|StopInsideATransactionFinishesItFirst|PublishesOneHugeTransaction|StandbyTakesOverWhenActiveIsKilled|PreflightErrors|PoisonEvents|ExactlyOnceKill9UnderLoad|RestartsWhenTheWalsenderFreezes|IdleOutboxDoesNotPinWAL|TablelessOutbox|TablelessKill9LosesNothing|DebeziumFormat)$$
 .PHONY: e2e-pg17
 e2e-pg17:
 	@set -euo pipefail; \

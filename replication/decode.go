@@ -112,6 +112,10 @@ type DecoderConfig struct {
 	// placeholder column is NULL has no topic (as a row with a NULL topic
 	// column: the default topic, or a poison event).
 	TopicTemplate string
+	// Messages decodes logical decoding messages of prefix MessagePrefix
+	// (written by outbox_emit) as events: the table-less outbox. The stream
+	// asks pgoutput for them (PostgreSQL 14 or later).
+	Messages bool
 	// HeaderColumns places further columns as headers, in this order,
 	// after the event-type header and before those of Columns.Headers. A
 	// NULL value sets no header.
@@ -177,6 +181,7 @@ type Decoder struct {
 	cols          Columns
 	tmpl          *topicTemplate
 	hdrCols       []HeaderColumn
+	messages      bool
 	rels          map[uint32]*relation
 	inTxn         bool
 	// row holds the value spans of the outbox row being decoded.
@@ -201,6 +206,7 @@ func NewDecoder(cfg DecoderConfig) *Decoder {
 		table:    or(cfg.Table, "outbox"),
 		cols:     cfg.columns(),
 		hdrCols:  cfg.HeaderColumns,
+		messages: cfg.Messages,
 		rels:     make(map[uint32]*relation),
 		interned: make(map[string]string),
 	}
@@ -230,7 +236,9 @@ func (d *Decoder) Decode(walData []byte) (Message, error) {
 		return Message{}, d.decodeRelation(walData)
 	case 'I':
 		return d.decodeInsert(walData)
-	case 'U', 'D', 'T', 'Y', 'O', 'M':
+	case 'M':
+		return d.decodeMessage(walData)
+	case 'U', 'D', 'T', 'Y', 'O':
 		return Message{}, nil
 	case 'S', 'E', 'c', 'A':
 		return Message{}, &DecodeError{MsgType: t, Err: ErrProtocol, Detail: "streaming of in-progress transactions is not enabled"}
@@ -632,6 +640,8 @@ func msgTypeName(t byte) string {
 		return "Relation"
 	case 'I':
 		return "Insert"
+	case 'M':
+		return "Message"
 	case 'S':
 		return "StreamStart"
 	case 'E':

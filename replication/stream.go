@@ -164,12 +164,16 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	if s.start, err = pglogrepl.ParseLSN(string(r[3])); err != nil {
 		return fmt.Errorf("replication: slot %q confirmed_flush_lsn: %w", s.cfg.Slot, err)
 	}
+	args := []string{"proto_version '1'", "publication_names " + pubLit}
+	if s.cfg.Decoder.Messages && serverMajor(s.conn.ParameterStatus("server_version")) >= 14 {
+		// Logical decoding messages (outbox_emit): pgoutput sends them
+		// from PostgreSQL 14 on; before, nobody can emit what outboxd
+		// reads (slot.Preflight refuses --source=messages there).
+		args = append(args, "messages 'true'")
+	}
 	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), s.start, pglogrepl.StartReplicationOptions{
-		Mode: pglogrepl.LogicalReplication,
-		PluginArgs: []string{
-			"proto_version '1'",
-			"publication_names " + pubLit,
-		},
+		Mode:       pglogrepl.LogicalReplication,
+		PluginArgs: args,
 	})
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -180,6 +184,19 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	}
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.Stringer("from_lsn", s.start))
 	return nil
+}
+
+// serverMajor is the major version in a server_version parameter ("15.18
+// (Debian ...)", "17.6"); 0 when it has none.
+func serverMajor(v string) int {
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }
 
 const (

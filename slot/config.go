@@ -25,6 +25,12 @@ type Config struct {
 	// streaming resumes on the standby after a promotion. Ignored before 17,
 	// where slots live only on the primary, and for a slot that exists.
 	Failover bool
+	// Tableless is the table-less outbox: events are logical decoding
+	// messages written by outbox_emit, there is no outbox table to check,
+	// and the publication Ensure creates has no table (pgoutput needs one
+	// by name; messages pass no publication filter). Needs PostgreSQL 14
+	// or later.
+	Tableless bool
 	// Columns are the columns outboxd reads from the outbox table, as the
 	// decoder is configured (replication.DecoderConfig.TableColumns). Nil:
 	// outboxd's own table (id, aggregate_id, payload, and topic unless a

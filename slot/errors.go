@@ -17,6 +17,9 @@ var (
 	// ErrColumnType: a column outboxd reads has a type it cannot read in
 	// that role (a text id, a headers column that is not json).
 	ErrColumnType = errors.New("outbox column of the wrong type")
+	// ErrTablelessUnsupported: the table-less outbox cannot work here
+	// (PostgreSQL before 14, or no outbox_emit function).
+	ErrTablelessUnsupported = errors.New("table-less outbox unsupported")
 	// ErrNoReplicationRole: the role has neither REPLICATION nor SUPERUSER,
 	// so it can neither create a slot nor stream from one.
 	ErrNoReplicationRole = errors.New("role lacks REPLICATION")

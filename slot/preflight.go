@@ -14,7 +14,9 @@ import (
 //
 //  1. wal_level is "logical" ([ErrWALLevel]);
 //  2. the outbox table exists and is a table ([ErrTableMissing]);
-//  3. it has the columns of cfg.Columns that are required, each of a type
+//  3. (with cfg.Tableless: PostgreSQL is 14 or later and outbox_emit
+//     exists, [ErrTablelessUnsupported]; no table is checked) it has the
+//     columns of cfg.Columns that are required, each of a type
 //     outboxd reads in its role ([ErrColumnMissing], [ErrColumnType]); by
 //     default id, aggregate_id and payload, and topic unless requireTopic is
 //     false because the caller has a default topic;
@@ -33,12 +35,18 @@ func Preflight(ctx context.Context, conn *pgx.Conn, cfg Config, requireTopic boo
 	if err := checkWALLevel(ctx, conn); err != nil {
 		return err
 	}
-	table, err := lookupTable(ctx, conn, cfg)
-	if err != nil {
-		return err
-	}
-	if err := checkColumns(cfg, table, cfg.columns(requireTopic)); err != nil {
-		return err
+	if cfg.Tableless {
+		if err := checkTableless(ctx, conn); err != nil {
+			return err
+		}
+	} else {
+		table, err := lookupTable(ctx, conn, cfg)
+		if err != nil {
+			return err
+		}
+		if err := checkColumns(cfg, table, cfg.columns(requireTopic)); err != nil {
+			return err
+		}
 	}
 	if err := checkRole(ctx, conn); err != nil {
 		return err
@@ -52,6 +60,28 @@ func Preflight(ctx context.Context, conn *pgx.Conn, cfg Config, requireTopic boo
 		return err
 	}
 	return checkUsable(s, db)
+}
+
+// checkTableless checks what the table-less outbox needs: PostgreSQL 14 or
+// later (pgoutput's messages option) and the outbox_emit function.
+func checkTableless(ctx context.Context, conn *pgx.Conn) error {
+	var version int
+	var emit bool
+	err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int,
+       pg_catalog.to_regprocedure('outbox_emit(text,text,jsonb,jsonb)') IS NOT NULL`).Scan(&version, &emit)
+	if err != nil {
+		return fmt.Errorf("slot: read server_version_num and look up outbox_emit: %w", err)
+	}
+	if version < 140000 {
+		return newError(ErrTablelessUnsupported, fmt.Sprintf(
+			"the table-less outbox needs PostgreSQL 14 or later (pgoutput's messages option), this is %d.%d: upgrade, or use the outbox table (--source=cdc)",
+			version/10000, version%10000/100))
+	}
+	if !emit {
+		return newError(ErrTablelessUnsupported,
+			"function outbox_emit(text, text, jsonb, jsonb) does not exist (or is not on the search_path): run \"outboxd migrate\"")
+	}
+	return nil
 }
 
 func checkWALLevel(ctx context.Context, conn *pgx.Conn) error {

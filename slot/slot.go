@@ -57,6 +57,9 @@ WHERE pubname = $1 AND schemaname = $2 AND tablename = $3`,
 
 // checkPublication reports why p does not deliver the outbox table's inserts.
 func checkPublication(p *publication, cfg Config, table *outboxTable) error {
+	if cfg.Tableless {
+		return nil // messages pass no publication filter
+	}
 	pub, tbl := sqlIdent(cfg.Publication), cfg.qualifiedTable()
 	if !p.Insert {
 		return newError(ErrPublicationMismatch, fmt.Sprintf(
@@ -123,9 +126,11 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	table, err := lookupTable(ctx, conn, cfg)
-	if err != nil {
-		return nil, err
+	var table *outboxTable
+	if !cfg.Tableless {
+		if table, err = lookupTable(ctx, conn, cfg); err != nil {
+			return nil, err
+		}
 	}
 	db, err := currentDatabase(ctx, conn)
 	if err != nil {
@@ -181,6 +186,8 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 			if err := checkPublication(p, cfg, table); err != nil {
 				return nil, err
 			}
+		} else if cfg.Tableless {
+			created = append(created, fmt.Sprintf("publication %q without tables (table-less outbox)", cfg.Publication))
 		} else {
 			created = append(created, fmt.Sprintf("publication %q for table %s", cfg.Publication, cfg.qualifiedTable()))
 		}
@@ -235,6 +242,14 @@ func createPublication(ctx context.Context, conn *pgx.Conn, cfg Config, table *o
 	var sql strings.Builder
 	sql.WriteString("CREATE PUBLICATION ")
 	sql.WriteString(pgx.Identifier{cfg.Publication}.Sanitize())
+	if cfg.Tableless {
+		// A publication without tables: pgoutput needs one by name, and
+		// sends messages whatever it publishes.
+		if _, err := conn.Exec(ctx, sql.String()); err != nil {
+			return fmt.Errorf("slot: create publication %q: %w", cfg.Publication, err)
+		}
+		return nil
+	}
 	sql.WriteString(" FOR TABLE ")
 	sql.WriteString(pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize())
 	sql.WriteString(" WITH (publish = 'insert'")

@@ -34,12 +34,12 @@ func adminConn(ctx context.Context, o *options) (*pgx.Conn, error) {
 func cmdMigrate(ctx context.Context, args []string) error {
 	var o options
 	fs := newFlagSet("migrate", &o)
-	fs.StringVar(&o.poll.source, "source", sourceCDC, "the source outboxd run will use: cdc (the outbox table) or poll (also the published_at column and the partial index the poller needs, on --schema/--table)")
+	fs.StringVar(&o.poll.source, "source", sourceCDC, "the source outboxd run will use: cdc (the outbox table and outbox_emit), messages (outbox_emit only; the table is created but unused) or poll (also the published_at column and the partial index the poller needs, on --schema/--table)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if o.poll.source != sourceCDC && o.poll.source != sourcePoll {
-		return fmt.Errorf("invalid configuration: --source %q: use %s or %s", o.poll.source, sourceCDC, sourcePoll)
+	if o.poll.source != sourceCDC && o.poll.source != sourcePoll && o.poll.source != sourceMessages {
+		return fmt.Errorf("invalid configuration: --source %q: use %s, %s or %s", o.poll.source, sourceCDC, sourceMessages, sourcePoll)
 	}
 	logger, err := o.logger(os.Stderr)
 	if err != nil {

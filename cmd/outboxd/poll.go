@@ -26,8 +26,9 @@ import (
 )
 
 const (
-	sourceCDC  = "cdc"
-	sourcePoll = "poll"
+	sourceCDC      = "cdc"
+	sourcePoll     = "poll"
+	sourceMessages = "messages"
 )
 
 // pollOptions are the flags of --source=poll.
@@ -40,7 +41,7 @@ type pollOptions struct {
 
 func addPollFlags(fs *flag.FlagSet, o *options) {
 	d := poll.DefaultConfig()
-	fs.StringVar(&o.poll.source, "source", sourceCDC, "where rows come from: cdc (the replication slot) or poll (SELECT ... FOR UPDATE SKIP LOCKED, no replication needed)")
+	fs.StringVar(&o.poll.source, "source", sourceCDC, "where events come from: cdc (the replication slot: the outbox table's inserts, and outbox_emit messages on PostgreSQL 14+), messages (the slot, outbox_emit messages only: no outbox table; PostgreSQL 14+) or poll (SELECT ... FOR UPDATE SKIP LOCKED, no replication needed)")
 	fs.DurationVar(&o.poll.interval, "poll-interval", d.Interval, "--source=poll: time between polls while fewer than --poll-batch-size rows wait")
 	fs.IntVar(&o.poll.batchSize, "poll-batch-size", d.BatchSize, "--source=poll: most rows one polling transaction publishes")
 	fs.IntVar(&o.poll.workers, "poll-workers", d.Workers, "--source=poll: concurrent polling transactions; more than 1 loses per-key order")

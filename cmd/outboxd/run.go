@@ -49,7 +49,7 @@ func runCDC(ctx context.Context, o *options) error {
 	defer logger.Sync()
 	// sarama logs through a package global: set it once, here.
 	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
-	if o.poll.source != sourceCDC { // the polling publisher: poll.go
+	if o.poll.source == sourcePoll { // the polling publisher: poll.go
 		return runPoll(ctx, o, kcfg, logger)
 	}
 

@@ -96,7 +96,20 @@ func (o *options) shape() error {
 		}
 		hcs = append(hcs, replication.HeaderColumn{Column: col, Header: hdr})
 	}
-	dec := replication.DecoderConfig{Schema: o.slot.Schema, Table: o.slot.Table, Columns: cols, TopicTemplate: tmpl, HeaderColumns: hcs}
+	// Under CDC, outbox_emit messages are events as well as the table's
+	// rows (pgoutput sends them from PostgreSQL 14 on); --source=messages
+	// reads only them, with no table.
+	dec := replication.DecoderConfig{Schema: o.slot.Schema, Table: o.slot.Table, Columns: cols, TopicTemplate: tmpl, HeaderColumns: hcs,
+		Messages: o.poll.source == sourceCDC || o.poll.source == sourceMessages}
+	switch o.poll.source {
+	case sourceCDC, sourcePoll, "":
+	case sourceMessages:
+		// The publication outboxd creates then has no table: only
+		// messages arrive.
+		o.slot.Tableless = true
+	default:
+		errs = append(errs, fmt.Errorf("--source %q: use %s, %s or %s", o.poll.source, sourceCDC, sourceMessages, sourcePoll))
+	}
 	if err := dec.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// The table-less outbox: events written by outbox_emit (migration 006) as
+// logical decoding messages. The tests record each emitted event's LSN,
+// which outboxd sends as its outbox-id, in a table of their own, in the same
+// transaction: committed events are then exactly the rows of that table,
+// and verify() checks them as it checks the outbox table's.
+
+const emittedDDL = `CREATE TABLE IF NOT EXISTS emitted (lsn pg_lsn PRIMARY KEY, agg text NOT NULL, payload text NOT NULL, topic text NOT NULL)`
+
+// emit writes one event through outbox_emit and records it in emitted.
+func emit(ctx context.Context, tx pgx.Tx, topic, agg, payload string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO emitted (lsn, agg, payload, topic)
+		SELECT outbox_emit($1, $2, $3::jsonb), $2, $3::jsonb::text, $1`, topic, agg, payload)
+	return err
+}
+
+// emittedRows are the committed events, keyed by outbox-id (the LSN).
+func (e *env) emittedRows() map[int64]row {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	rs, err := c.Query(context.Background(), `SELECT (lsn - '0/0'::pg_lsn)::bigint, agg, payload, topic FROM emitted`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[int64]row{}
+	var id int64
+	var r row
+	if _, err := pgx.ForEachRow(rs, []any{&id, &r.agg, &r.payload, &r.topic}, func() error {
+		out[id] = r
+		return nil
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) emittedDelivered(timeout time.Duration) (verdict, int) {
+	e.t.Helper()
+	want := e.emittedRows()
+	return verify(e.t, want, consume(e.t, e.brokers, e.topic, want, timeout)), len(want)
+}
+
+// emitWriter emits n events in transactions of 1..maxTxn, over aggregates
+// of its own (so per key, commit order is LSN order).
+func (e *env) emitWriter(ctx context.Context, w, n int, l load) error {
+	conn, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	rng := rand.New(rand.NewPCG(uint64(w), 7))
+	for seq := 0; seq < n; {
+		size := min(1+rng.IntN(l.maxTxn), n-seq)
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			for i := range size {
+				agg := fmt.Sprintf("agg-%d", w+l.writers*rng.IntN(max(1, l.aggregates/l.writers)))
+				if err := emit(ctx, tx, e.topic, agg, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq+i)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("emit writer %d: %w", w, err)
+		}
+		seq += size
+		if l.pause > 0 {
+			time.Sleep(l.pause)
+		}
+	}
+	return nil
+}
+
+// TestRunTablelessOutbox: with --source=messages and no outbox table in
+// use, what outbox_emit writes in a committed transaction is published,
+// with its headers; a rolled-back transaction and a rolled-back savepoint
+// publish nothing.
+func TestRunTablelessOutbox(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.exec(emittedDDL)
+	d := e.start("--source", "messages")
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	var traced int64
+	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if err := emit(ctx, tx, e.topic, "order-1", `{"n": 1}`); err != nil {
+			return err
+		}
+		// One with headers, not recorded in emitted: checked below.
+		return tx.QueryRow(ctx, `SELECT (outbox_emit($1, 'order-1', '{"n": 2}', jsonb_build_object('traceparent', $2::text)) - '0/0'::pg_lsn)::bigint`,
+			e.topic, tp).Scan(&traced)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rolled back: nothing.
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"rolled": "back"}')`, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A savepoint rolled back, one released.
+	err = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SAVEPOINT a; SELECT outbox_emit('`+e.topic+`', 'order-1', '{"savepoint": "rolled back"}'); ROLLBACK TO SAVEPOINT a`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SAVEPOINT b`); err != nil {
+			return err
+		}
+		if err := emit(ctx, tx, e.topic, "order-1", `{"n": 3}`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `RELEASE SAVEPOINT b`)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := e.emittedRows()
+	got := consume(t, e.brokers, e.topic, map[int64]row{0: {}, 1: {}, 2: {}}, 60*time.Second)
+	d.stop()
+	if len(got) != 3 {
+		var vs []string
+		for _, m := range got {
+			vs = append(vs, string(m.Value))
+		}
+		t.Fatalf("%d records %q, want the 3 committed events (n 1, 2, 3), nothing rolled back", len(got), vs)
+	}
+	for i, m := range got {
+		if want := fmt.Sprintf(`{"n": %d}`, i+1); string(m.Value) != want || string(m.Key) != "order-1" {
+			t.Errorf("record %d: key %q value %s, want order-1 %s in commit order", i, m.Key, m.Value, want)
+		}
+	}
+	if h := header(got[1], "traceparent"); h != tp || header(got[1], "outbox-id") != fmt.Sprint(traced) {
+		t.Errorf("traced event: headers %q, want traceparent %s and outbox-id %d (its LSN)", headerPairs(got[1]), tp, traced)
+	}
+	for _, m := range []int{0, 2} {
+		id := header(got[m], "outbox-id")
+		var found bool
+		for lsn := range want {
+			found = found || fmt.Sprint(lsn) == id
+		}
+		if !found {
+			t.Errorf("record %d: outbox-id %s is not the LSN outbox_emit returned", m, id)
+		}
+	}
+	t.Logf("record: topic %s key %s headers %q value %s", got[1].Topic, got[1].Key, headerPairs(got[1]), got[1].Value)
+}
+
+// TestRunTablelessKill9LosesNothing: outbox_emit under load, outboxd killed
+// with SIGKILL three times: every committed event arrives, per key in commit
+// order.
+func TestRunTablelessKill9LosesNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 3)
+	e.exec(emittedDDL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writeDone := make(chan error, 1)
+	l := load{writers: 2, aggregates: 40, total: 3000, maxTxn: 20, pause: 3 * time.Millisecond}
+	for i := 0; i < 3; i++ {
+		d := e.start("--source", "messages")
+		if i == 0 {
+			go func() {
+				errs := make(chan error, l.writers)
+				for w := range l.writers {
+					go func() { errs <- e.emitWriter(ctx, w, l.total/l.writers, l) }()
+				}
+				var err error
+				for range l.writers {
+					if werr := <-errs; werr != nil {
+						err = werr
+					}
+				}
+				writeDone <- err
+			}()
+		}
+		time.Sleep(time.Duration(500+rand.IntN(1000)) * time.Millisecond)
+		d.kill9()
+	}
+	d := e.start("--source", "messages")
+	if err := <-writeDone; err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.emittedDelivered(2 * time.Minute)
+	t.Logf("outbox_emit, kill -9 three times mid-stream, %d events: %s", n, v)
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != l.total {
+		t.Fatalf("%d events emitted, %s; want %d, nothing lost, reordered or corrupt", n, v, l.total)
+	}
+	d.stop()
+}
+
+// TestRunTableAndMessagesInOneStream: under --source=cdc the table's rows
+// and outbox_emit's messages are one stream, in commit order per key.
+func TestRunTableAndMessagesInOneStream(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	d := e.start()
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	for i := range 20 {
+		var q string
+		if i%2 == 0 {
+			q = `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`
+		} else {
+			q = `SELECT outbox_emit($1, 'k', $2::jsonb)`
+		}
+		if _, err := c.Exec(ctx, q, e.topic, fmt.Sprintf(`{"i": %d}`, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := testenv.Kafka(t).ReadAll(t, e.topic, 20, 60*time.Second)
+	d.stop()
+	var vs []string
+	for _, m := range got {
+		vs = append(vs, string(m.Value))
+	}
+	var want []string
+	for i := range 20 {
+		want = append(want, fmt.Sprintf(`{"i": %d}`, i))
+	}
+	if strings.Join(vs, " ") != strings.Join(want, " ") {
+		t.Fatalf("values %q, want rows and messages interleaved in commit order %q", vs, want)
+	}
+}
+
+// TestRunTablelessIdleWAL: with nothing emitted and the rest of the
+// database busy, the slot's confirmed position keeps up with the server's
+// WAL (no WAL piles up behind an idle table-less outbox).
+func TestRunTablelessIdleWAL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.exec(`CREATE TABLE busy (id bigserial PRIMARY KEY, v text)`)
+	d := e.start("--source", "messages")
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	for range 200 {
+		if _, err := c.Exec(ctx, `INSERT INTO busy (v) VALUES (repeat('x', 1000))`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var target string
+	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var caught bool
+		if err := c.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, e.slot, target).Scan(&caught); err != nil {
+			t.Fatal(err)
+		}
+		if caught {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("confirmed_flush_lsn did not reach %s within 30 s of an idle table-less outbox", target)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+	}
+	d.stop()
+}
