@@ -70,6 +70,7 @@ func run(ctx context.Context, args []string) error {
 	count := fs.Int("count", 0, "create this many orders, one transaction each")
 	topic := fs.String("topic", brew.OrdersTopic, "topic of order.created events")
 	statusTopic := fs.String("status-topic", brew.StatusTopic, "topic of order.status_changed events")
+	emitEvents := fs.Bool("emit", false, "write events with outbox_emit (the table-less outbox: WAL messages, no outbox rows; run outboxd with --source=messages or cdc, PostgreSQL 14+) instead of outbox rows")
 	var changes statusChanges
 	fs.Var(&changes, "set-status", "record a status change ORDER_ID=STATUS (repeatable, applied in order)")
 	if err := fs.Parse(args); err != nil {
@@ -89,11 +90,15 @@ func run(ctx context.Context, args []string) error {
 		return fmt.Errorf("connect: %w", err)
 	}
 	defer conn.Close(context.Background())
+	write := insertRow
+	if *emitEvents {
+		write = emitMessage
+	}
 
 	if *count > 0 {
 		var first, last int64
 		for i := range *count {
-			id, _, err := createOrder(ctx, conn, *topic, customer(i), amountCents(i))
+			id, _, err := createOrder(ctx, conn, write, *topic, customer(i), amountCents(i))
 			if err != nil {
 				return fmt.Errorf("order %d of %d: %w", i+1, *count, err)
 			}
@@ -106,7 +111,7 @@ func run(ctx context.Context, args []string) error {
 			*count, first, last, brew.TypeOrderCreated, *topic)
 	}
 	for _, c := range changes {
-		prev, outboxID, err := setStatus(ctx, conn, *statusTopic, c.orderID, c.status)
+		prev, outboxID, err := setStatus(ctx, conn, write, *statusTopic, c.orderID, c.status)
 		if err != nil {
 			return fmt.Errorf("order %d: %w", c.orderID, err)
 		}
@@ -119,9 +124,34 @@ func run(ctx context.Context, args []string) error {
 func customer(i int) string   { return fmt.Sprintf("customer-%d", i%17+1) }
 func amountCents(i int) int64 { return int64(450 + (i*137)%2500) }
 
-// createOrder inserts an order and its order.created outbox row in one
-// transaction: if either insert fails, neither row exists.
-func createOrder(ctx context.Context, conn *pgx.Conn, topic, customer string, amountCents int64) (orderID, outboxID int64, err error) {
+// writeEvent writes one event in tx and returns its outbox id.
+type writeEvent func(ctx context.Context, tx pgx.Tx, aggregateID, topic string, payload []byte) (int64, error)
+
+// insertRow writes the event as an outbox row; its id is the outbox id.
+func insertRow(ctx context.Context, tx pgx.Tx, aggregateID, topic string, payload []byte) (id int64, err error) {
+	err = tx.QueryRow(ctx,
+		`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ($1, $2, $3) RETURNING id`,
+		aggregateID, topic, string(payload)).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("insert outbox row: %w", err)
+	}
+	return id, nil
+}
+
+// emitMessage writes the event with outbox_emit, as a WAL message that is
+// published only if tx commits; its LSN is the outbox id outboxd sends.
+func emitMessage(ctx context.Context, tx pgx.Tx, aggregateID, topic string, payload []byte) (id int64, err error) {
+	err = tx.QueryRow(ctx, `SELECT (outbox_emit($1, $2, $3::jsonb) - '0/0'::pg_lsn)::bigint`,
+		topic, aggregateID, string(payload)).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("emit outbox message: %w", err)
+	}
+	return id, nil
+}
+
+// createOrder inserts an order and writes its order.created event in one
+// transaction: if either fails, neither exists.
+func createOrder(ctx context.Context, conn *pgx.Conn, write writeEvent, topic, customer string, amountCents int64) (orderID, outboxID int64, err error) {
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		ev := brew.OrderCreated{Type: brew.TypeOrderCreated, Customer: customer}
 		err := tx.QueryRow(ctx,
@@ -134,11 +164,8 @@ func createOrder(ctx context.Context, conn *pgx.Conn, topic, customer string, am
 		if err != nil {
 			return fmt.Errorf("encode event: %w", err)
 		}
-		err = tx.QueryRow(ctx,
-			`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ($1, $2, $3) RETURNING id`,
-			brew.AggregateID(ev.ID), topic, string(payload)).Scan(&outboxID)
-		if err != nil {
-			return fmt.Errorf("insert outbox row: %w", err)
+		if outboxID, err = write(ctx, tx, brew.AggregateID(ev.ID), topic, payload); err != nil {
+			return err
 		}
 		orderID = ev.ID
 		return nil
@@ -150,8 +177,8 @@ func createOrder(ctx context.Context, conn *pgx.Conn, topic, customer string, am
 var errNoOrder = errors.New("no such order")
 
 // setStatus updates the order's status and writes its order.status_changed
-// outbox row in one transaction, and returns the previous status.
-func setStatus(ctx context.Context, conn *pgx.Conn, topic string, orderID int64, status string) (prev string, outboxID int64, err error) {
+// event in one transaction, and returns the previous status.
+func setStatus(ctx context.Context, conn *pgx.Conn, write writeEvent, topic string, orderID int64, status string) (prev string, outboxID int64, err error) {
 	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `
 			UPDATE orders o SET status = $2, updated_at = now()
@@ -168,13 +195,8 @@ func setStatus(ctx context.Context, conn *pgx.Conn, topic string, orderID int64,
 		if err != nil {
 			return fmt.Errorf("encode event: %w", err)
 		}
-		err = tx.QueryRow(ctx,
-			`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ($1, $2, $3) RETURNING id`,
-			brew.AggregateID(orderID), topic, string(payload)).Scan(&outboxID)
-		if err != nil {
-			return fmt.Errorf("insert outbox row: %w", err)
-		}
-		return nil
+		outboxID, err = write(ctx, tx, brew.AggregateID(orderID), topic, payload)
+		return err
 	})
 	return prev, outboxID, err
 }

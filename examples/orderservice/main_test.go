@@ -76,14 +76,14 @@ func TestCreateOrderIsAtomic(t *testing.T) {
 	pg, conn := migrated(t)
 	pg.Exec(t, `CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'outbox refused'; END $$`)
 	pg.Exec(t, `CREATE TRIGGER refuse BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse()`)
-	if _, _, err := createOrder(ctx, conn, brew.OrdersTopic, "c", 100); err == nil {
+	if _, _, err := createOrder(ctx, conn, insertRow, brew.OrdersTopic, "c", 100); err == nil {
 		t.Fatal("createOrder succeeded with the outbox refusing inserts")
 	}
 	if n := count(t, conn, `SELECT count(*) FROM orders`); n != 0 {
 		t.Fatalf("%d orders after a failed outbox insert, want 0", n)
 	}
 	pg.Exec(t, `DROP TRIGGER refuse ON outbox`)
-	if _, _, err := createOrder(ctx, conn, brew.OrdersTopic, "c", 100); err != nil {
+	if _, _, err := createOrder(ctx, conn, insertRow, brew.OrdersTopic, "c", 100); err != nil {
 		t.Fatalf("createOrder: %v", err)
 	}
 	if n := count(t, conn, `SELECT count(*) FROM orders`); n != 1 {
@@ -95,11 +95,11 @@ func TestSetStatus(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	_, conn := migrated(t)
-	id, _, err := createOrder(ctx, conn, brew.OrdersTopic, "c", 100)
+	id, _, err := createOrder(ctx, conn, insertRow, brew.OrdersTopic, "c", 100)
 	if err != nil {
 		t.Fatal(err)
 	}
-	prev, _, err := setStatus(ctx, conn, brew.StatusTopic, id, brew.StatusCompleted) // not judged here
+	prev, _, err := setStatus(ctx, conn, insertRow, brew.StatusTopic, id, brew.StatusCompleted) // not judged here
 	if err != nil || prev != brew.StatusCreated {
 		t.Fatalf("setStatus: prev %q, err %v", prev, err)
 	}
@@ -112,7 +112,7 @@ func TestSetStatus(t *testing.T) {
 		ev != (brew.StatusChanged{Type: brew.TypeStatusChanged, ID: id, Status: brew.StatusCompleted}) {
 		t.Fatalf("event %s on %s (%v)", payload, topic, err)
 	}
-	if _, _, err := setStatus(ctx, conn, brew.StatusTopic, id+1000, brew.StatusAccepted); !errors.Is(err, errNoOrder) {
+	if _, _, err := setStatus(ctx, conn, insertRow, brew.StatusTopic, id+1000, brew.StatusAccepted); !errors.Is(err, errNoOrder) {
 		t.Fatalf("unknown order: err %v, want errNoOrder", err)
 	}
 	if n := count(t, conn, `SELECT count(*) FROM outbox`); n != 2 {
@@ -133,5 +133,28 @@ func TestFlags(t *testing.T) {
 	}
 	if err := run(context.Background(), []string{"--pg-dsn", "postgres://x"}); err == nil {
 		t.Fatal("run without work succeeded")
+	}
+}
+
+// TestEmitWritesNoRowAndRollsBackWithTheOrder: with --emit the event is a
+// WAL message (outbox_emit), so no outbox row is written, and it shares the
+// order's transaction: a failed order emits nothing (its LSN would never be
+// decoded: outboxd's tests check rolled-back messages are not published).
+func TestEmitWritesNoRowAndRollsBackWithTheOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg, conn := migrated(t)
+	if err := run(ctx, []string{"--pg-dsn", pg.DSN, "--count", "2", "--emit", "--set-status", "1=accepted"}); err != nil {
+		t.Fatalf("run --emit: %v", err)
+	}
+	if n := count(t, conn, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d outbox rows with --emit, want 0", n)
+	}
+	if n := count(t, conn, `SELECT count(*) FROM orders WHERE status = 'accepted'`); n != 1 {
+		t.Fatalf("%d accepted orders, want 1", n)
+	}
+	_, id, err := createOrder(ctx, conn, emitMessage, brew.OrdersTopic, "c", 100)
+	if err != nil || id <= 0 {
+		t.Fatalf("createOrder with emitMessage: outbox id %d, %v; want its LSN", id, err)
 	}
 }
