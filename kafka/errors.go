@@ -3,6 +3,7 @@ package kafka
 import (
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 var (
@@ -18,14 +19,16 @@ var (
 // PoisonError names the event Kafka refused.
 type PoisonError struct {
 	OutboxID int64
-	Topic    string
-	Size     int // key + value + headers, bytes
-	Err      error
+	// EventID is the event id when it is not an integer (a uuid).
+	EventID string
+	Topic   string
+	Size    int // key + value + headers, bytes
+	Err     error
 }
 
 func (e *PoisonError) Error() string {
-	return fmt.Sprintf("poison event: outbox id %d to topic %q (%d bytes) refused: %v; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart",
-		e.OutboxID, e.Topic, e.Size, e.Err)
+	return fmt.Sprintf("poison event: outbox id %s to topic %q (%d bytes) refused: %v; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart",
+		eventID(e.OutboxID, e.EventID), e.Topic, e.Size, e.Err)
 }
 
 // Unwrap matches both ErrPoison and the cause.
@@ -35,12 +38,21 @@ func (e *PoisonError) Unwrap() []error { return []error{ErrPoison, e.Err} }
 // unreachable, not enough replicas, timeouts).
 type ProduceError struct {
 	OutboxID int64
+	EventID  string // as in PoisonError
 	Topic    string
 	Err      error
 }
 
 func (e *ProduceError) Error() string {
-	return fmt.Sprintf("produce outbox id %d to topic %q: %v", e.OutboxID, e.Topic, e.Err)
+	return fmt.Sprintf("produce outbox id %s to topic %q: %v", eventID(e.OutboxID, e.EventID), e.Topic, e.Err)
+}
+
+// eventID is an event's id as messages show it.
+func eventID(id int64, text string) string {
+	if text != "" {
+		return text
+	}
+	return strconv.FormatInt(id, 10)
 }
 
 // Unwrap matches both ErrProduce and the cause.

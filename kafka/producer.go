@@ -352,7 +352,7 @@ func (p *Producer) shutdown() {
 }
 
 func (p *Producer) closedErr(r *Record) error {
-	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: ErrProducerClosed}
+	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: ErrProducerClosed}
 }
 
 func (p *Producer) emit(r *Record) {
@@ -377,7 +377,7 @@ func (p *Producer) add(r *Record) {
 		return
 	}
 	if p.txn.failed != nil {
-		p.fail(r, &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: fmt.Errorf("%w: %w", ErrTxnFailed, p.txn.failed)})
+		p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: fmt.Errorf("%w: %w", ErrTxnFailed, p.txn.failed)})
 		return
 	}
 	t := p.topics[r.Topic]
@@ -413,7 +413,7 @@ func (p *Producer) recordErr(r *Record, cause error) error {
 	if errors.Is(cause, ErrProducerClosed) {
 		return p.closedErr(r)
 	}
-	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: cause}
+	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: cause}
 }
 
 // stoppedErr is the error of r, never sent because its partition stopped.
@@ -421,7 +421,7 @@ func (p *Producer) stoppedErr(r *Record, cause error) error {
 	if errors.Is(cause, ErrProducerClosed) {
 		return p.closedErr(r)
 	}
-	return &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: errPartitionStopped}
+	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: errPartitionStopped}
 }
 
 func (p *Producer) route(t *topicState, r *Record) {
@@ -437,7 +437,7 @@ func (p *Producer) route(t *topicState, r *Record) {
 		return
 	}
 	if r.Size()+recordOverhead > p.cfg.MaxMessageBytes {
-		err := &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: sarama.ConfigurationError(fmt.Sprintf(
+		err := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: sarama.ConfigurationError(fmt.Sprintf(
 			"record of %d bytes is larger than the producer's max message bytes (%d)", r.Size(), p.cfg.MaxMessageBytes))}
 		p.fail(r, err)
 		if !p.cfg.ContinueAfterPoison {
@@ -457,7 +457,7 @@ func (p *Producer) route(t *topicState, r *Record) {
 // poison refuses r for good: alone when the pipeline continues after poison,
 // otherwise together with everything behind it in its partition.
 func (p *Producer) poison(ps *partitionState, r *Record, cause error) {
-	err := &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: cause}
+	err := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: cause}
 	if p.cfg.ContinueAfterPoison {
 		p.fail(r, err)
 		return
@@ -528,7 +528,7 @@ func (p *Producer) handleMeta(m topicMeta) {
 			pending := t.pending
 			t.pending = nil
 			for _, r := range pending {
-				perr := &PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
+				perr := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: err}
 				p.fail(r, perr)
 				if !p.cfg.ContinueAfterPoison && t.failed == nil {
 					t.failed = perr
@@ -553,7 +553,7 @@ func (p *Producer) handleMeta(m topicMeta) {
 				zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
 			t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
 			for _, r := range t.pending {
-				p.fail(r, &ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: t.failed})
+				p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
 			}
 			t.pending = nil
 			for _, ps := range t.parts {

@@ -18,6 +18,9 @@ type Record struct {
 	Timestamp time.Time
 
 	OutboxID int64
+	// EventID is the event id when it is not an integer (a uuid), for
+	// errors and logs; empty otherwise.
+	EventID string
 	// Set by the producer on return.
 	Partition int32
 	Offset    int64

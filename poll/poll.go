@@ -301,7 +301,7 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		r := publisher.NewRecord(&w.events[i], &p.cfg.Mapping, now)
 		size := int64(r.Size())
 		if r.Topic == "" {
-			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}
+			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: errNoTopic}
 			w.acks <- r
 		} else {
 			r.Done = w.acks

@@ -236,7 +236,7 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 	if r.Topic == "" {
 		// Unroutable: never reaches Kafka. Hand it to the ack loop as a
 		// failed record so it is treated like any other poison event.
-		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, Size: int(size), Err: errNoTopic}
+		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: errNoTopic}
 		return p.handleResult(ctx, r)
 	}
 	return p.prod.Send(ctx, r)

@@ -111,6 +111,7 @@ func NewRecord(ev *replication.Event, m *Mapping, commitTime time.Time) *kafka.R
 		Headers:   hs,
 		Timestamp: ts,
 		OutboxID:  ev.ID,
+		EventID:   ev.UUID,
 	}
 }
 
