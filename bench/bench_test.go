@@ -67,16 +67,31 @@ func checkReport(t *testing.T, dir string, p plan) {
 	if rep.Machine.Cores < 1 || rep.Machine.Postgres == "" || rep.Machine.Go == "" {
 		t.Errorf("machine info incomplete: %+v", rep.Machine)
 	}
-	if len(rep.Latency) != len(p.Sources)*len(p.Loads) {
-		t.Errorf("%d latency cells, want %d sources × %d loads", len(rep.Latency), len(p.Sources), len(p.Loads))
+	cells := 0
+	for _, l := range p.Loads {
+		for _, s := range p.Sources {
+			if s.at(l) {
+				cells += max(1, p.Repeats)
+			}
+		}
+	}
+	if len(rep.Latency) != cells {
+		t.Errorf("%d latency cells, want %d (sources × loads × rounds)", len(rep.Latency), cells)
+	}
+	if rep.FloorStart.Records == 0 || rep.FloorStart.P50Ms <= 0 || rep.FloorEnd.Records == 0 || rep.Warmup.Rule == "" {
+		t.Errorf("produce floor or warm-up not recorded: start %+v end %+v warm-up %+v", rep.FloorStart, rep.FloorEnd, rep.Warmup)
 	}
 	for _, l := range p.Loads {
 		for _, s := range p.Sources {
-			c := rep.cell(s.Name, l)
-			if c == nil {
-				t.Errorf("latency cell %s at %s missing or failed: %v", s.Name, l, rep.errors())
+			if !s.at(l) {
 				continue
 			}
+			rounds := rep.rounds(s.Name, l)
+			if len(rounds) != max(1, p.Repeats) {
+				t.Errorf("latency cell %s at %s: %d rounds succeeded, want %d: %v", s.Name, l, len(rounds), max(1, p.Repeats), rep.errors())
+				continue
+			}
+			c := &rounds[0]
 			name := fmt.Sprintf("%s at %s", s.Name, l)
 			if c.Written == 0 || c.Received != c.Written || c.Missing != 0 || c.Duplicates != 0 {
 				t.Errorf("%s: written %d received %d missing %d duplicates %d, want all received once", name, c.Written, c.Received, c.Missing, c.Duplicates)
@@ -120,7 +135,7 @@ func checkReport(t *testing.T, dir string, p plan) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range append(append(names(p.Sources), want...), "## End-to-end latency", "## Backlog drain", "## Targets", "bench.png") {
+	for _, s := range append(append(names(p.Sources), want...), "## End-to-end latency", "## Backlog drain", "## Targets", "bench.png", "Produce round-trip floor") {
 		if !bytes.Contains(md, []byte(s)) {
 			t.Errorf("results.md does not mention %q", s)
 		}

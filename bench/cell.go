@@ -16,6 +16,7 @@ import (
 type latencyResult struct {
 	Source string `json:"source"`
 	Load   load   `json:"load"`
+	Round  int    `json:"round"`
 	// The load as achieved.
 	Writers      int     `json:"writers"`
 	Written      int     `json:"written"`

@@ -21,6 +21,10 @@ type drainResult struct {
 	Rows         int     `json:"rows"`
 	Seconds      float64 `json:"seconds"` // process start → all rows in Kafka (ceiling: → all decoded)
 	EventsPerSec float64 `json:"events_per_sec"`
+	// StartupSeconds is process start → first row in Kafka; SteadyPerSec
+	// the rate after it (rows / (Seconds − StartupSeconds)).
+	StartupSeconds float64 `json:"startup_seconds"`
+	SteadyPerSec   float64 `json:"steady_events_per_sec"`
 	PctCeiling   float64 `json:"pct_of_ceiling"`
 	CPUSeconds   float64 `json:"cpu_seconds"`
 	CPUMsPer1k   float64 `json:"cpu_ms_per_1k"`
@@ -196,8 +200,8 @@ func (r *runner) ceiling(ctx context.Context, db *database, slotName, pubName st
 	res.EventsPerSec = float64(co.Events) / co.Seconds
 	res.Runs = []float64{math.Round(res.EventsPerSec)}
 	res.CPUMsPer1k = res.CPUSeconds * 1e6 / float64(co.Events)
-	r.logf("  drain %-28s %8.0f ev/s  %6.2fs  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
-		res.Source, res.EventsPerSec, res.Seconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
+	r.logf("  drain %-28s %8.0f ev/s  %6.2fs (start-up %.2fs)  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
+		res.Source, res.EventsPerSec, res.Seconds, res.StartupSeconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
 	return res
 }
 
@@ -225,9 +229,13 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 	}
 	var pids []int
 	var pgCPU time.Duration
+	base := want - int64(r.plan.DrainRows)
 	deadline := time.Now().Add(15 * time.Minute)
 	for {
 		n, err := highWatermarks(kc, topic)
+		if err == nil && n > base && res.StartupSeconds == 0 {
+			res.StartupSeconds = time.Since(started).Seconds()
+		}
 		if err == nil && n >= want {
 			break
 		}
@@ -246,6 +254,9 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 	}
 	res.Seconds = time.Since(started).Seconds()
 	res.EventsPerSec = float64(r.plan.DrainRows) / res.Seconds
+	if steady := res.Seconds - res.StartupSeconds; steady > 0 {
+		res.SteadyPerSec = float64(r.plan.DrainRows) / steady
+	}
 	if c, err := testproc.CPUTime(pub.PID()); err == nil {
 		res.CPUSeconds = c.Seconds()
 		res.CPUMsPer1k = res.CPUSeconds * 1e6 / float64(r.plan.DrainRows)
@@ -263,7 +274,7 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.Tail(5))
 	}
 	res.PG, _ = publisherStatements(ctx, conn)
-	r.logf("  drain %-28s %8.0f ev/s  %6.2fs  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
-		res.Source, res.EventsPerSec, res.Seconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
+	r.logf("  drain %-28s %8.0f ev/s  %6.2fs (start-up %.2fs)  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
+		res.Source, res.EventsPerSec, res.Seconds, res.StartupSeconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
 	return res
 }

@@ -155,15 +155,33 @@ func buildOutboxd(root, dir string) (string, error) {
 // run measures every latency cell, then the drains.
 func run(ctx context.Context, r runner) (*report, error) {
 	rep := &report{Plan: r.plan, Machine: machineInfo(ctx, r.stack), Started: time.Now().UTC()}
-	r.logf("bench %s: %d sources × %d loads × %s, then a %d-row backlog; %s",
-		r.plan.Name, len(r.plan.Sources), len(r.plan.Loads), r.plan.Duration, r.plan.DrainRows, rep.Machine.summary())
-	// Interleave sources per load so machine noise spreads over all of them.
-	for _, l := range r.plan.Loads {
-		for _, s := range r.plan.Sources {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
+	r.logf("bench %s: %d sources × %d loads × %s × %d rounds, then a %d-row backlog; %s",
+		r.plan.Name, len(r.plan.Sources), len(r.plan.Loads), r.plan.Duration, max(1, r.plan.Repeats), r.plan.DrainRows, rep.Machine.summary())
+	// A broker JVM that has just started is slow for a minute or so: warm
+	// it until its round trip is stable, and record the floor.
+	var err error
+	if rep.Warmup, rep.FloorStart, err = warmBroker(ctx, r.stack, r.plan.WarmMin, r.plan.WarmMax, r.logf); err != nil {
+		return nil, fmt.Errorf("broker warm-up: %w", err)
+	}
+	// Interleave sources per load so machine noise spreads over all of
+	// them, and rotate their order each round (A B C, B C A, ...).
+	for round := range max(1, r.plan.Repeats) {
+		for _, l := range r.plan.Loads {
+			var srcs []source
+			for _, s := range r.plan.Sources {
+				if s.at(l) {
+					srcs = append(srcs, s)
+				}
 			}
-			rep.Latency = append(rep.Latency, r.latencyCell(ctx, s, l))
+			for i := range srcs {
+				s := srcs[(i+round)%len(srcs)]
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				c := r.latencyCell(ctx, s, l)
+				c.Round = round + 1
+				rep.Latency = append(rep.Latency, c)
+			}
 		}
 	}
 	if r.plan.DrainRows > 0 && len(r.plan.DrainSources) > 0 {
@@ -173,6 +191,10 @@ func run(ctx context.Context, r runner) (*report, error) {
 		r.logf("backlog drain, %d rows:", r.plan.DrainRows)
 		rep.Drains = r.drains(ctx)
 	}
+	if rep.FloorEnd, err = measureFloor(r.stack); err != nil {
+		r.logf("produce floor at the end: %v", err)
+	}
+	r.logf("produce floor at the end: %s", rep.FloorEnd)
 	rep.Finished = time.Now().UTC()
 	rep.Machine.LoadEnd = loadAvg()
 	return rep, nil

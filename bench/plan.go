@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,19 @@ type source struct {
 	Workers  int           `json:"workers,omitempty"`
 	// Flags are further outboxd run flags (a tuning variant).
 	Flags []string `json:"flags,omitempty"`
+	// Debezium runs Debezium's PostgreSQL connector with the Outbox Event
+	// Router on a Kafka Connect standalone worker instead of outboxd, with
+	// poll.interval.ms PollMs (debezium.go).
+	Debezium bool `json:"debezium,omitempty"`
+	PollMs   int  `json:"poll_ms,omitempty"`
+	// OnlyLoads, when set, limits the source to these loads (a slow or
+	// interval-bound source need not fill every cell).
+	OnlyLoads []load `json:"only_loads,omitempty"`
+}
+
+// at reports whether the source runs at load l.
+func (s source) at(l load) bool {
+	return len(s.OnlyLoads) == 0 || slices.Contains(s.OnlyLoads, l)
 }
 
 func cdcSource() source { return source{Name: "cdc"} }
@@ -66,10 +80,18 @@ func (l load) writers() int {
 
 // plan is what one benchmark run measures.
 type plan struct {
-	Name         string        `json:"name"`
-	Sources      []source      `json:"sources"`
-	Loads        []load        `json:"loads"`
-	Duration     time.Duration `json:"duration_ns"`
+	Name     string        `json:"name"`
+	Sources  []source      `json:"sources"`
+	Loads    []load        `json:"loads"`
+	Duration time.Duration `json:"duration_ns"`
+	// Repeats is how many rounds measure every cell; each round runs the
+	// sources of a load in a rotated order (A B C, B C A, ...), and the
+	// report gives the median with the spread.
+	Repeats int `json:"repeats"`
+	// WarmMin and WarmMax bound the broker warm-up before the first cell
+	// (floor.go).
+	WarmMin      time.Duration `json:"warm_min_ns"`
+	WarmMax      time.Duration `json:"warm_max_ns"`
 	Partitions   int32         `json:"partitions"`
 	Aggregates   int           `json:"aggregates"`
 	PayloadBytes int           `json:"payload_bytes"`
@@ -93,7 +115,10 @@ func fullPlan() plan {
 		Name:         "full",
 		Sources:      []source{cdcSource(), cdcExactlyOnce(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
 		Loads:        loadsFull,
-		Duration:     20 * time.Second,
+		Duration:     8 * time.Second,
+		Repeats:      3,
+		WarmMin:      30 * time.Second,
+		WarmMax:      3 * time.Minute,
 		Partitions:   3,
 		Aggregates:   1000,
 		PayloadBytes: 200,
@@ -113,6 +138,8 @@ func quickPlan() plan {
 	p.Sources = []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)}
 	p.Loads = []load{{1000, 10}}
 	p.Duration = 3 * time.Second
+	p.Repeats = 1
+	p.WarmMin, p.WarmMax = 0, 10*time.Second
 	p.DrainRows = 20000
 	p.DrainSources = []source{cdcSource(), pollSource(100*time.Millisecond, b)}
 	return p
