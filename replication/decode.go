@@ -416,7 +416,10 @@ func (d *Decoder) decodeInsert(b []byte) (Message, error) {
 	var spans [numRoles]span
 	odd := span{col: -1} // first 'u' or 'b' value
 	if rel.outbox {
-		d.row = append(d.row[:0], make([]span, n)...)
+		if cap(d.row) < n {
+			d.row = make([]span, n)
+		}
+		d.row = d.row[:n]
 	}
 	for i := 0; i < n; i++ {
 		if off >= len(b) {

@@ -110,12 +110,12 @@ func TestPreflightColumnMissing(t *testing.T) {
 	_, conn, cfg := newEmptyDB(t)
 	mustExec(t, conn, `CREATE TABLE outbox (id bigserial PRIMARY KEY, payload jsonb NOT NULL)`)
 	wantError(t, Preflight(ctx, conn, cfg, true),
-		`outbox table public.outbox has no column "aggregate_id": add it (see migrations/001_outbox.sql)`,
+		`outbox table public.outbox has no column "aggregate_id" (the key): add it (see migrations/001_outbox.sql) or map another column`,
 		ErrColumnMissing)
 
 	mustExec(t, conn, `ALTER TABLE outbox ADD COLUMN aggregate_id text NOT NULL`)
 	wantError(t, Preflight(ctx, conn, cfg, true),
-		`outbox table public.outbox has no column "topic": add it (see migrations/001_outbox.sql) or configure a default topic`,
+		`outbox table public.outbox has no column "topic" (the topic): add it (see migrations/001_outbox.sql) or map another column, set a topic template or configure a default topic`,
 		ErrColumnMissing)
 	// With a default topic the column is optional.
 	if err := Preflight(ctx, conn, cfg, false); err != nil {
@@ -125,7 +125,7 @@ func TestPreflightColumnMissing(t *testing.T) {
 	// A dropped column does not count.
 	mustExec(t, conn, `ALTER TABLE outbox ADD COLUMN topic text, DROP COLUMN payload`)
 	wantError(t, Preflight(ctx, conn, cfg, false),
-		`outbox table public.outbox has no column "payload": add it (see migrations/001_outbox.sql)`,
+		`outbox table public.outbox has no column "payload" (the payload): add it (see migrations/001_outbox.sql) or map another column`,
 		ErrColumnMissing)
 }
 

@@ -47,7 +47,7 @@ func TestRunPreflightErrors(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
 		pg.Exec(t, `CREATE TABLE outbox (id bigserial primary key, topic text, payload jsonb)`)
-		expectExit(t, `outbox table public.outbox has no column "aggregate_id": add it (see migrations/001_outbox.sql)`,
+		expectExit(t, `outbox table public.outbox has no column "aggregate_id" (the key): add it (see migrations/001_outbox.sql) or map another column`,
 			args(pg.DSN, testenv.UniqueName("slot"))...)
 	})
 	t.Run("role without replication", func(t *testing.T) {

@@ -68,7 +68,7 @@ func TestRunSourcePollErrors(t *testing.T) {
 	brokers := strings.Join(k.Brokers, ",")
 	t.Run("unknown source", func(t *testing.T) {
 		t.Parallel()
-		expectExit(t, `invalid configuration: --source "wal": use cdc or poll`,
+		expectExit(t, `invalid configuration: --source "wal": use cdc, messages or poll`,
 			"run", "--pg-dsn", "postgres://localhost/x", "--kafka-brokers", brokers, "--source", "wal")
 	})
 	t.Run("not migrated", func(t *testing.T) {
@@ -80,7 +80,7 @@ func TestRunSourcePollErrors(t *testing.T) {
 	})
 	t.Run("migrate unknown source", func(t *testing.T) {
 		t.Parallel()
-		expectExit(t, `invalid configuration: --source "wal": use cdc or poll`,
+		expectExit(t, `invalid configuration: --source "wal": use cdc, messages or poll`,
 			"migrate", "--pg-dsn", "postgres://localhost/x", "--source", "wal")
 	})
 }
