@@ -127,6 +127,14 @@ func checkReport(t *testing.T, dir string, p plan) {
 			t.Errorf("drain %s: no ratio to the ceiling", n)
 		}
 	}
+	if len(rep.Consumer) != len(p.ConsumerCells)*max(1, p.Repeats) {
+		t.Errorf("%d consumer runs, want %d", len(rep.Consumer), len(p.ConsumerCells)*max(1, p.Repeats))
+	}
+	for _, c := range rep.Consumer {
+		if c.Err != "" || c.MessagesPerSec <= 0 || c.Messages != p.ConsumerMessages {
+			t.Errorf("consumer run incomplete: %+v", c)
+		}
+	}
 	if len(rep.Targets) == 0 {
 		t.Error("no targets evaluated")
 	}
@@ -135,7 +143,7 @@ func checkReport(t *testing.T, dir string, p plan) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range append(append(names(p.Sources), want...), "## End-to-end latency", "## Backlog drain", "## Targets", "bench.png", "Produce round-trip floor") {
+	for _, s := range append(append(names(p.Sources), want...), "## End-to-end latency", "## Backlog drain", "## Targets", "bench.png", "Produce round-trip floor", "## Consumer throughput") {
 		if !bytes.Contains(md, []byte(s)) {
 			t.Errorf("results.md does not mention %q", s)
 		}

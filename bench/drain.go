@@ -25,16 +25,16 @@ type drainResult struct {
 	// the rate after it (rows / (Seconds − StartupSeconds)).
 	StartupSeconds float64 `json:"startup_seconds"`
 	SteadyPerSec   float64 `json:"steady_events_per_sec"`
-	PctCeiling   float64 `json:"pct_of_ceiling"`
-	CPUSeconds   float64 `json:"cpu_seconds"`
-	CPUMsPer1k   float64 `json:"cpu_ms_per_1k"`
-	PeakRSSMiB   float64 `json:"peak_rss_mib"`
-	PGCPUSeconds float64 `json:"pg_cpu_seconds"`
-	PG           pgCost  `json:"pg_statements"`
-	LoadBefore   float64 `json:"load_before"`
-	LoadAfter    float64 `json:"load_after"`
-	ExitCode     int     `json:"exit_code"`
-	Err          string  `json:"error,omitempty"`
+	PctCeiling     float64 `json:"pct_of_ceiling"`
+	CPUSeconds     float64 `json:"cpu_seconds"`
+	CPUMsPer1k     float64 `json:"cpu_ms_per_1k"`
+	PeakRSSMiB     float64 `json:"peak_rss_mib"`
+	PGCPUSeconds   float64 `json:"pg_cpu_seconds"`
+	PG             pgCost  `json:"pg_statements"`
+	LoadBefore     float64 `json:"load_before"`
+	LoadAfter      float64 `json:"load_after"`
+	ExitCode       int     `json:"exit_code"`
+	Err            string  `json:"error,omitempty"`
 	// Runs are the events/s of each ceiling run (the best one counts).
 	Runs []float64 `json:"runs,omitempty"`
 }

@@ -191,6 +191,24 @@ func run(ctx context.Context, r runner) (*report, error) {
 		r.logf("backlog drain, %d rows:", r.plan.DrainRows)
 		rep.Drains = r.drains(ctx)
 	}
+	if r.plan.ConsumerMessages > 0 && len(r.plan.ConsumerCells) > 0 {
+		r.logf("consumer throughput, %d messages a run:", r.plan.ConsumerMessages)
+		for round := range max(1, r.plan.Repeats) {
+			for i := range r.plan.ConsumerCells {
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				c := r.plan.ConsumerCells[(i+round)%len(r.plan.ConsumerCells)]
+				res, err := consumerThroughput(ctx, r.stack, c.Partitions, r.plan.ConsumerMessages, c.Batch, func(string, ...any) {})
+				if err != nil {
+					r.logf("  consumer %d partitions, batch %d: %v", c.Partitions, c.Batch, err)
+				} else {
+					r.logf("  consumer %d partitions, batch %3d: %8.0f msg/s", c.Partitions, c.Batch, res.MessagesPerSec)
+				}
+				rep.Consumer = append(rep.Consumer, res)
+			}
+		}
+	}
 	if rep.FloorEnd, err = measureFloor(r.stack); err != nil {
 		r.logf("produce floor at the end: %v", err)
 	}

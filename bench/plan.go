@@ -101,6 +101,16 @@ type plan struct {
 	// DrainSources are drained from the same kind of backlog, after the
 	// ceiling (the replication reader with no Kafka).
 	DrainSources []source `json:"drain_sources"`
+	// Consumer throughput (package consumer with dedup): ConsumerMessages
+	// preloaded per run, each of ConsumerCells in Repeats rotated rounds.
+	ConsumerMessages int            `json:"consumer_messages"`
+	ConsumerCells    []consumerCell `json:"consumer_cells"`
+}
+
+// consumerCell is one consumer configuration: partitions × batch size.
+type consumerCell struct {
+	Partitions int32 `json:"partitions"`
+	Batch      int   `json:"batch"`
 }
 
 var (
@@ -126,6 +136,8 @@ func fullPlan() plan {
 		DrainTxRows:  100,
 		DrainSources: []source{cdcSource(), cdcExactlyOnce(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b),
 			pollSource(10*time.Millisecond, b), pollSource(100*time.Millisecond, 100)},
+		ConsumerMessages: 50000,
+		ConsumerCells:    []consumerCell{{1, 1}, {6, 1}, {1, 100}, {6, 100}},
 	}
 }
 
@@ -142,6 +154,8 @@ func quickPlan() plan {
 	p.WarmMin, p.WarmMax = 0, 10*time.Second
 	p.DrainRows = 20000
 	p.DrainSources = []source{cdcSource(), pollSource(100*time.Millisecond, b)}
+	p.ConsumerMessages = 2000
+	p.ConsumerCells = []consumerCell{{2, 1}, {2, 100}}
 	return p
 }
 

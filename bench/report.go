@@ -18,16 +18,17 @@ import (
 
 // report is everything one run measured.
 type report struct {
-	Plan       plan            `json:"plan"`
-	Machine    machine         `json:"machine"`
-	Started    time.Time       `json:"started"`
-	Finished   time.Time       `json:"finished"`
-	Warmup     warmup          `json:"warmup"`
-	FloorStart floor           `json:"floor_start"`
-	FloorEnd   floor           `json:"floor_end"`
-	Latency    []latencyResult `json:"latency"`
-	Drains     []drainResult   `json:"drains"`
-	Targets    []target        `json:"targets"`
+	Plan       plan             `json:"plan"`
+	Machine    machine          `json:"machine"`
+	Started    time.Time        `json:"started"`
+	Finished   time.Time        `json:"finished"`
+	Warmup     warmup           `json:"warmup"`
+	FloorStart floor            `json:"floor_start"`
+	FloorEnd   floor            `json:"floor_end"`
+	Latency    []latencyResult  `json:"latency"`
+	Drains     []drainResult    `json:"drains"`
+	Consumer   []consumerResult `json:"consumer"`
+	Targets    []target         `json:"targets"`
 }
 
 type machine struct {
@@ -166,6 +167,11 @@ func (r *report) errors() []error {
 			errs = append(errs, fmt.Errorf("drain %s: %s", d.Source, d.Err))
 		}
 	}
+	for _, c := range r.Consumer {
+		if c.Err != "" {
+			errs = append(errs, fmt.Errorf("consumer %d partitions batch %d: %s", c.Partitions, c.BatchSize, c.Err))
+		}
+	}
 	return errs
 }
 
@@ -283,6 +289,26 @@ func (r *report) markdown() string {
 			}
 			p("| %s | %.2f | %.0f | %.2f | %.0f | %s | %.2f | %.1f | %.2f | %d | %.2f |\n",
 				d.Source, d.Seconds, d.EventsPerSec, d.StartupSeconds, d.SteadyPerSec, pct, d.CPUMsPer1k, d.PeakRSSMiB, d.PGCPUSeconds, d.PG.Blocks, d.LoadAfter)
+		}
+		p("\n")
+	}
+	if len(r.Consumer) > 0 {
+		p("## Consumer throughput (package consumer, dedup in the handler's transaction)\n\n")
+		p("%d messages preloaded per run; the handler inserts each message into a table; from Run's start (group join included) until all are processed. Median over the rounds with (min–max).\n\n", r.Plan.ConsumerMessages)
+		p("| partitions | batch | messages/s | per partition |\n|--:|--:|--:|--:|\n")
+		for _, c := range r.Plan.ConsumerCells {
+			var v []float64
+			for _, x := range r.Consumer {
+				if x.Partitions == c.Partitions && x.BatchSize == c.Batch && x.Err == "" {
+					v = append(v, x.MessagesPerSec)
+				}
+			}
+			if len(v) == 0 {
+				p("| %d | %d | FAILED | |\n", c.Partitions, c.Batch)
+				continue
+			}
+			sp := spreadOf(v)
+			p("| %d | %d | %.0f (%.0f–%.0f) | %.0f |\n", c.Partitions, c.Batch, sp.Median, sp.Min, sp.Max, sp.Median/float64(c.Partitions))
 		}
 		p("\n")
 	}

@@ -44,8 +44,21 @@ type Config struct {
 	BackoffMax  time.Duration
 
 	// CommitInterval is how often marked offsets are committed; 0 commits
-	// after every message (one synchronous round trip each).
+	// after every message, or after every batch (one synchronous round trip
+	// each).
 	CommitInterval time.Duration
+
+	// BatchSize is the most messages of one partition processed in one
+	// transaction (see [BatchHandler] and [NewBatch]). 1 (the default) or 0
+	// gives each message its own transaction. A batch holds at most what the
+	// partition has fetched: the sarama channel buffer
+	// (ChannelBufferSize) is raised to BatchSize when it is smaller.
+	BatchSize int
+	// BatchWait is how long a batch waits to fill up once it has its first
+	// message. 0 takes only the messages already fetched and never waits, so
+	// a lone message is processed as soon as it arrives. Ignored when
+	// BatchSize ≤ 1.
+	BatchWait time.Duration
 
 	// DedupTable is the deduplication table, optionally schema-qualified.
 	DedupTable string
@@ -67,9 +80,9 @@ type Config struct {
 }
 
 // DefaultConfig returns the defaults: 5 retries with backoff from 100 ms
-// doubling up to 5 s, offsets committed every second, dedup table
-// processed_outbox_ids, Kafka 4.1 protocol, 10 s session timeout. Brokers,
-// GroupID and Topics must be set.
+// doubling up to 5 s, offsets committed every second, one message per
+// transaction (BatchSize 1), dedup table processed_outbox_ids, Kafka 4.1
+// protocol, 10 s session timeout. Brokers, GroupID and Topics must be set.
 func DefaultConfig() Config {
 	return Config{
 		ClientID:       "outboxd-consumer",
@@ -79,6 +92,7 @@ func DefaultConfig() Config {
 		BackoffBase:    100 * time.Millisecond,
 		BackoffMax:     5 * time.Second,
 		CommitInterval: time.Second,
+		BatchSize:      1,
 		DedupTable:     "processed_outbox_ids",
 	}
 }
@@ -114,6 +128,12 @@ func (c Config) Validate() error {
 	if c.CommitInterval < 0 {
 		errs = append(errs, fmt.Errorf("commit interval must be ≥ 0, got %s", c.CommitInterval))
 	}
+	if c.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("batch size must be ≥ 0, got %d", c.BatchSize))
+	}
+	if c.BatchWait < 0 {
+		errs = append(errs, fmt.Errorf("batch wait must be ≥ 0, got %s", c.BatchWait))
+	}
 	if c.SessionTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("session timeout must be > 0, got %s", c.SessionTimeout))
 	}
@@ -135,6 +155,11 @@ func (c Config) deadLetterTopic(topic string) string {
 		return c.DeadLetterTopic(topic)
 	}
 	return topic + ".dlq"
+}
+
+// batchSize is BatchSize, at least 1.
+func (c Config) batchSize() int {
+	return max(1, c.BatchSize)
 }
 
 // backoff is the wait after the n-th failure (n ≥ 1): BackoffBase·2^(n-1),
@@ -161,6 +186,8 @@ func (c Config) saramaConfig() (*sarama.Config, error) {
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
+	// A batch takes what the claim has buffered: let it buffer a batch.
+	sc.ChannelBufferSize = max(sc.ChannelBufferSize, c.batchSize())
 	if err := c.Security.Apply(sc); err != nil {
 		return nil, err
 	}

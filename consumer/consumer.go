@@ -12,11 +12,13 @@ import (
 )
 
 // Consumer consumes outbox events with deduplication, retries and a
-// dead-letter topic. Make one with [New] and call [Consumer.Run].
+// dead-letter topic. Make one with [New] or [NewBatch] and call
+// [Consumer.Run].
 type Consumer struct {
 	cfg   Config
 	store store
-	h     Handler
+	h     Handler      // one message per transaction
+	bh    BatchHandler // a batch of messages per transaction (Config.BatchSize > 1)
 	log   *zap.Logger
 	stats counters
 
@@ -27,6 +29,13 @@ type Consumer struct {
 
 // New checks cfg and returns a Consumer that runs h for every new event,
 // inside a transaction begun on db. logger may be nil.
+//
+// With [Config.BatchSize] > 1 one transaction holds up to BatchSize messages
+// of a partition and h.Handle is called for each new one in turn, in offset
+// order, each with its own message's trace context (see [BatchHandler] for
+// the guarantees). A handler that relies on having the transaction to itself
+// (SET LOCAL, transaction-scoped advisory locks, catching a failed
+// statement) should keep BatchSize 1 or use [NewBatch].
 func New(cfg Config, db DB, h Handler, logger *zap.Logger) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -34,6 +43,27 @@ func New(cfg Config, db DB, h Handler, logger *zap.Logger) (*Consumer, error) {
 	if db == nil || h == nil {
 		return nil, errors.New("consumer: New needs a DB and a Handler")
 	}
+	return newConsumer(cfg, db, h, perMessage{h}, logger)
+}
+
+// NewBatch checks cfg and returns a Consumer that runs h for the new events
+// of up to [Config.BatchSize] messages of one partition at a time, inside one
+// transaction begun on db; with BatchSize 1 (the default) every call gets a
+// single message. A batch that fails is redone one message at a time, each
+// call getting a one-element slice. logger may be nil.
+func NewBatch(cfg Config, db DB, h BatchHandler, logger *zap.Logger) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if db == nil || h == nil {
+		return nil, errors.New("consumer: NewBatch needs a DB and a BatchHandler")
+	}
+	return newConsumer(cfg, db, batchOfOne{h}, h, logger)
+}
+
+// newConsumer makes the Consumer of a checked cfg: h is the single-message
+// path, bh the batch path.
+func newConsumer(cfg Config, db DB, h Handler, bh BatchHandler, logger *zap.Logger) (*Consumer, error) {
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -41,7 +71,7 @@ func New(cfg Config, db DB, h Handler, logger *zap.Logger) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
-	c := &Consumer{cfg: cfg, store: st, h: h, log: logger}
+	c := &Consumer{cfg: cfg, store: st, h: h, bh: bh, log: logger}
 	c.newGroup = func(sc *sarama.Config) (sarama.ConsumerGroup, error) {
 		return sarama.NewConsumerGroup(cfg.Brokers, cfg.GroupID, sc)
 	}
@@ -99,7 +129,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cfg: c.cfg,
 		log: c.log,
 		proc: &processor{
-			cfg: c.cfg, store: c.store, dlq: dlq, h: c.h, log: c.log, stats: &c.stats, sleep: sleepCtx,
+			cfg: c.cfg, store: c.store, dlq: dlq, h: c.h, bh: c.bh, log: c.log, stats: &c.stats, sleep: sleepCtx,
 		},
 	}
 	c.log.Info("consuming", zap.String("group", c.cfg.GroupID), zap.Strings("topics", c.cfg.Topics))
@@ -137,6 +167,10 @@ type Stats struct {
 	DeadLettered int64 // acknowledged by the dead-letter topic
 	Retries      int64 // transient failures retried
 	InFlight     int64 // messages being processed now
+
+	// With Config.BatchSize > 1:
+	Batches        int64 // transactions of several messages committed
+	BatchFallbacks int64 // batches rolled back and redone one message at a time
 }
 
 // Stats returns the current counts.
@@ -146,6 +180,7 @@ func (c *Consumer) Stats() Stats {
 
 type counters struct {
 	processed, duplicates, deadLettered, retries, inFlight atomic.Int64
+	batches, batchFallbacks                                atomic.Int64
 }
 
 func (s *counters) count(o Outcome) {
@@ -166,6 +201,9 @@ func (s *counters) snapshot() Stats {
 		DeadLettered: s.deadLettered.Load(),
 		Retries:      s.retries.Load(),
 		InFlight:     s.inFlight.Load(),
+
+		Batches:        s.batches.Load(),
+		BatchFallbacks: s.batchFallbacks.Load(),
 	}
 	st.Done = st.Processed + st.Duplicates + st.DeadLettered
 	return st

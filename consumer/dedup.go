@@ -25,15 +25,21 @@ type store interface {
 	// failures of the consumer's own statements, else the handler's error
 	// or a commit the server refused.
 	attempt(ctx context.Context, m *Message, h Handler) (dup bool, err error)
+	// attemptBatch is attempt for several messages in one transaction:
+	// dup[i] reports ms[i] as a duplicate (processed before, or its id met
+	// earlier in ms), and h gets the others. On error nothing happened.
+	attemptBatch(ctx context.Context, ms []*Message, h BatchHandler) (dup []bool, err error)
 	ping(ctx context.Context) error
 }
 
 // pgStore is the store on a DB.
 type pgStore struct {
-	db        DB
-	table     string
-	insertSQL string
-	dupSQL    string
+	db             DB
+	table          string
+	insertSQL      string
+	dupSQL         string
+	insertBatchSQL string // $1 outbox ids, $2 their topics; returns the new ids
+	dupBatchSQL    string // $1 the outbox ids of the duplicates, repeated per duplicate
 }
 
 func newPGStore(db DB, table string) (*pgStore, error) {
@@ -47,6 +53,10 @@ func newPGStore(db DB, table string) (*pgStore, error) {
 		table:     table,
 		insertSQL: `INSERT INTO ` + t + ` (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
 		dupSQL:    `UPDATE ` + t + ` SET duplicates = duplicates + 1 WHERE outbox_id = $1`,
+		insertBatchSQL: `INSERT INTO ` + t + ` (outbox_id, topic) SELECT * FROM unnest($1::bigint[], $2::text[])` +
+			` ON CONFLICT DO NOTHING RETURNING outbox_id`,
+		dupBatchSQL: `UPDATE ` + t + ` AS p SET duplicates = p.duplicates + d.n` +
+			` FROM (SELECT id, count(*)::int AS n FROM unnest($1::bigint[]) AS id GROUP BY id) AS d WHERE p.outbox_id = d.id`,
 	}, nil
 }
 

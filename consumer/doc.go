@@ -4,7 +4,8 @@
 // # Deduplication
 //
 // Every event carries its outbox id in the outbox-id header. For each message
-// the consumer begins a PostgreSQL transaction, runs
+// (or batch of messages, see Batches below) the consumer begins a PostgreSQL
+// transaction, runs
 //
 //	INSERT INTO processed_outbox_ids (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING
 //
@@ -68,18 +69,53 @@
 // Offsets are committed manually (sarama's Consumer.Offsets.AutoCommit is
 // off). A message's offset is marked only when the message is done: its
 // transaction committed (processed or skipped as duplicate) or its
-// dead-letter record acknowledged. Messages of a partition are processed one
-// at a time in offset order, so a marked offset never passes a message that is
-// not done. Marked offsets are committed every [Config.CommitInterval] (0:
-// after every message), when a partition is released and when the session
+// dead-letter record acknowledged. Messages of a partition are done in offset
+// order, one at a time (or one batch at a time, marked in order after the
+// batch's commit), so a marked offset never passes a message that is not
+// done. Marked offsets are committed every [Config.CommitInterval] (0: after
+// every message or batch), when a partition is released and when the session
 // ends. A crash loses at most the marks since the last commit; those messages
 // are delivered again and skipped as duplicates.
 //
 // A poison message never blocks its partition: after at most MaxRetries
 // retries it is in the dead-letter topic and the next message is processed.
-// Partitions are processed in parallel, each on its own goroutine with its
-// own transaction, so the [DB] should allow as many connections as the
-// consumer has partitions.
+//
+// # Concurrency and throughput
+//
+// Partitions are processed concurrently: sarama runs the group handler's
+// ConsumeClaim on a goroutine of its own for every claimed partition
+// (documented on sarama.ConsumerGroup.Consume; consumer_group_session.go
+// starts one per claim; TestRunPartitionsConcurrently checks it), and each
+// partition has its own transaction, so the [DB] should allow as many
+// connections as the consumer has partitions. Within a partition, messages
+// are processed in order and, by default, each in its own transaction: a
+// partition's throughput is bounded by one commit (one WAL flush on the
+// server) per message, whatever the handler costs.
+//
+// # Batches
+//
+// With [Config.BatchSize] > 1 a partition takes up to BatchSize messages at
+// a time: those already fetched, and with [Config.BatchWait] > 0 those that
+// arrive within BatchWait (0: never wait). One transaction records all their
+// outbox ids with one statement,
+//
+//	INSERT INTO processed_outbox_ids (outbox_id, topic) SELECT * FROM unnest($1::bigint[], $2::text[])
+//	ON CONFLICT DO NOTHING RETURNING outbox_id
+//
+// counts the duplicates (an id processed before, or met earlier in the
+// batch) as the single path does, calls the [BatchHandler] ([NewBatch]) with
+// the new messages in offset order, or the [Handler] ([New]) for each in
+// turn, and commits; then every message of the batch is done, reported to
+// OnDone and marked, in order. If anything in the batch fails (the handler,
+// a panic, the database, the commit), the transaction rolls back and the
+// batch's messages are processed again one at a time, each in its own
+// transaction, with the retry and dead-letter rules above: a poison message
+// is retried or dead-lettered alone and never takes its batch neighbours
+// with it, and no offset is marked past a message that is not done. A
+// message without a valid outbox-id header is dead-lettered alone, in its
+// place, between the batches before and after it. All the guarantees above
+// hold for batches; what changes is the cost: one commit per batch, and a
+// failed batch is done twice.
 //
 // # Tracing
 //

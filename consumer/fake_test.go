@@ -20,9 +20,13 @@ type fakeStore struct {
 	committed map[int64]bool
 	dups      map[int64]int
 	attempts  int
+	batches   int     // attemptBatch calls
 	dbErrs    []error // returned (as *dbError) by the next attempts, before anything else
 	pingErrs  []error // returned by the next pings
 	pings     int
+	// onCommit, when set, is called with the offsets of every committed
+	// transaction.
+	onCommit func(offsets []int64)
 }
 
 func newFakeStore() *fakeStore {
@@ -40,6 +44,7 @@ func (s *fakeStore) attempt(ctx context.Context, m *Message, h Handler) (bool, e
 	}
 	if s.committed[m.OutboxID] {
 		s.dups[m.OutboxID]++
+		s.commit(m)
 		s.mu.Unlock()
 		return true, nil
 	}
@@ -50,7 +55,60 @@ func (s *fakeStore) attempt(ctx context.Context, m *Message, h Handler) (bool, e
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.committed[m.OutboxID] = true
+	s.commit(m)
 	return false, nil
+}
+
+// commit reports a committed transaction to onCommit; s.mu is held.
+func (s *fakeStore) commit(ms ...*Message) {
+	if s.onCommit == nil {
+		return
+	}
+	offs := make([]int64, len(ms))
+	for i, m := range ms {
+		offs[i] = m.Offset
+	}
+	s.onCommit(offs)
+}
+
+// attemptBatch is attempt for a batch, all or nothing.
+func (s *fakeStore) attemptBatch(ctx context.Context, ms []*Message, h BatchHandler) ([]bool, error) {
+	s.mu.Lock()
+	s.batches++
+	if len(s.dbErrs) > 0 {
+		err := s.dbErrs[0]
+		s.dbErrs = s.dbErrs[1:]
+		s.mu.Unlock()
+		return nil, &dbError{op: "begin", err: err}
+	}
+	dup := make([]bool, len(ms))
+	seen := map[int64]bool{}
+	var fresh []*Message
+	for i, m := range ms {
+		if s.committed[m.OutboxID] || seen[m.OutboxID] {
+			dup[i] = true
+			continue
+		}
+		seen[m.OutboxID] = true
+		fresh = append(fresh, m)
+	}
+	s.mu.Unlock()
+	if len(fresh) > 0 {
+		if err := callBatchHandler(ctx, h, nil, fresh); err != nil {
+			return nil, err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, m := range ms {
+		if dup[i] {
+			s.dups[m.OutboxID]++
+		} else {
+			s.committed[m.OutboxID] = true
+		}
+	}
+	s.commit(ms...)
+	return dup, nil
 }
 
 func (s *fakeStore) ping(context.Context) error {
@@ -83,13 +141,16 @@ func (p *fakeProducer) SendMessage(m *sarama.ProducerMessage) (int32, int64, err
 }
 
 // scriptHandler fails per outbox id with the errors in script, in turn,
-// then succeeds; calls counts the calls per id.
+// then succeeds; calls counts the calls per id. As a BatchHandler it
+// handles the messages in turn up to the first failure, and records the
+// outbox ids of each call in batches.
 type scriptHandler struct {
-	mu     sync.Mutex
-	script map[int64][]error
-	calls  map[int64]int
-	always map[int64]error // fails every call
-	panics map[int64]bool
+	mu      sync.Mutex
+	script  map[int64][]error
+	calls   map[int64]int
+	always  map[int64]error // fails every call
+	panics  map[int64]bool
+	batches [][]int64
 }
 
 func newScriptHandler() *scriptHandler {
@@ -99,6 +160,27 @@ func newScriptHandler() *scriptHandler {
 func (h *scriptHandler) Handle(_ context.Context, _ pgx.Tx, m *Message) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return h.handle(m)
+}
+
+func (h *scriptHandler) HandleBatch(_ context.Context, _ pgx.Tx, ms []*Message) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ids := make([]int64, len(ms))
+	for i, m := range ms {
+		ids[i] = m.OutboxID
+	}
+	h.batches = append(h.batches, ids)
+	for _, m := range ms {
+		if err := h.handle(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// handle is one call for m; h.mu is held.
+func (h *scriptHandler) handle(m *Message) error {
 	h.calls[m.OutboxID]++
 	if h.panics[m.OutboxID] {
 		panic("boom")

@@ -10,12 +10,14 @@ import (
 	"github.com/outboxd/outboxd/backoff"
 )
 
-// processor takes one message at a time until it is done.
+// processor takes one message at a time until it is done (process), or
+// tries a batch of them once (processBatch).
 type processor struct {
 	cfg   Config
 	store store
 	dlq   Producer
-	h     Handler
+	h     Handler      // for process
+	bh    BatchHandler // for processBatch
 	log   *zap.Logger
 	stats *counters
 	// sleep waits d or until ctx ends; replaced by the tests.
