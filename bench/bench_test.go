@@ -99,7 +99,7 @@ func checkReport(t *testing.T, dir string, p plan) {
 			if !(0 < c.P50Ms && c.P50Ms <= c.P95Ms && c.P95Ms <= c.P99Ms && c.P99Ms <= c.MaxMs) {
 				t.Errorf("%s: percentiles p50 %v p95 %v p99 %v max %v, want 0 < p50 ≤ p95 ≤ p99 ≤ max", name, c.P50Ms, c.P95Ms, c.P99Ms, c.MaxMs)
 			}
-			if c.CPUSeconds <= 0 || c.PeakRSSMiB <= 0 || c.AchievedRate <= 0 || c.ExitCode != 0 {
+			if c.CPUSeconds <= 0 || c.PeakRSSMiB <= 0 || c.AchievedRate <= 0 || !cleanExit(s, c.ExitCode) {
 				t.Errorf("%s: cpu %v s, rss %v MiB, rate %v, exit %d: want all measured and a clean exit", name, c.CPUSeconds, c.PeakRSSMiB, c.AchievedRate, c.ExitCode)
 			}
 			if s.Poll && (c.PG.Calls == 0 || c.PG.Rows < int64(c.Written) || c.PG.Blocks == 0) {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/outboxd/outboxd/internal/testproc"
@@ -40,6 +38,8 @@ type latencyResult struct {
 	// of the same key (each key has one sequential writer).
 	LatePartition int `json:"late_partition"`
 	LateKey       int `json:"late_key"`
+	// StartupSeconds is the publisher's start → its first record in Kafka.
+	StartupSeconds float64 `json:"startup_seconds"`
 	// The publisher process over the measured window.
 	CPUSeconds float64 `json:"cpu_seconds"`
 	CPUMsPer1k float64 `json:"cpu_ms_per_1k"`
@@ -66,14 +66,8 @@ type runner struct {
 	self  string // this program, for the ceiling child
 	plan  plan
 	logf  func(format string, args ...any)
-}
-
-func (r *runner) publisherArgs(db *database, slotName string, s source) []string {
-	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
-		"--slot", slotName, "--publication", slotName, "--log-level", "info"}
-	args = append(args, s.args()...)
-	// A diagnostic hook: extra flags for the publisher, e.g. --metrics-addr.
-	return append(args, strings.Fields(os.Getenv("BENCH_PUBLISHER_ARGS"))...)
+	// debeziumLibs is the folder of Debezium's jars, once fetched.
+	debeziumLibs string
 }
 
 // latencyCell measures one source at one load in a database and topic of
@@ -113,10 +107,12 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 			cons.close()
 		}
 	}()
-	pub, err := testproc.Launch(r.bin, r.publisherArgs(db, uniqueName("bench"), s))
+	name := uniqueName("bench")
+	pub, done, err := r.launch(db, name, name, s)
 	if err != nil {
 		return fail(err)
 	}
+	defer done()
 	defer func() {
 		if code := pub.Terminate(30 * time.Second); res.ExitCode == -1 {
 			res.ExitCode = code
@@ -126,22 +122,29 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	// Warm-up: once the publisher's server connections exist (under CDC
 	// the slot is created first, and rows before it are not in it), rows
 	// until the first arrives, then a second of traffic.
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		if pids, err := publisherBackends(ctx, conn, db.Name); err == nil && len(pids) > 0 {
+	started := time.Now()
+	for deadline := started.Add(180 * time.Second); ; {
+		// Under CDC (outboxd or Debezium) rows count from when the slot
+		// streams: earlier ones are not in it.
+		if s.Poll {
+			if pids, err := publisherBackends(ctx, conn, db.Name); err == nil && len(pids) > 0 {
+				break
+			}
+		} else if slotActive(ctx, conn, name) {
 			break
 		}
 		if pub.Exited() || time.Now().After(deadline) {
-			return fail(fmt.Errorf("publisher not connected within 60s: %s", pub.Tail(5)))
+			return fail(fmt.Errorf("publisher not connected within 180s: %s", pub.Tail(5)))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	warm := 0
-	for deadline := time.Now().Add(60 * time.Second); cons.count() == 0; {
+	for deadline := time.Now().Add(180 * time.Second); cons.count() == 0; {
 		if pub.Exited() {
 			return fail(fmt.Errorf("publisher exited during warm-up: %s", pub.Tail(5)))
 		}
 		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("no record within 60s of start: %s", pub.Tail(5)))
+			return fail(fmt.Errorf("no record within 180s of start: %s", pub.Tail(5)))
 		}
 		if _, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('warm', $1, '{}')`, topic); err != nil {
 			return fail(err)
@@ -149,6 +152,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		warm++
 		time.Sleep(50 * time.Millisecond)
 	}
+	res.StartupSeconds = time.Since(started).Seconds()
 	w, err := writeLoad(ctx, db.DSN, clk, topic, min(l.Rate, 500), 1, 2, r.plan.Aggregates, r.plan.PayloadBytes, time.Second)
 	if err != nil {
 		return fail(err)
@@ -193,7 +197,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		res.PeakRSSMiB = float64(rss) / (1 << 20)
 	}
 	res.ExitCode = pub.Terminate(30 * time.Second)
-	if res.ExitCode != 0 {
+	if !cleanExit(s, res.ExitCode) {
 		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.Tail(5))
 	}
 	waitNoBackends(ctx, conn, db.Name, 10*time.Second)

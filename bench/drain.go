@@ -219,14 +219,13 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		res.Err = err.Error()
 		return res
 	}
-	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
-		"--slot", slotName, "--publication", pubName, "--log-level", "info"}
 	started := time.Now()
-	pub, err := testproc.Launch(r.bin, append(args, s.args()...))
+	pub, done, err := r.launch(db, slotName, pubName, s)
 	if err != nil {
 		res.Err = err.Error()
 		return res
 	}
+	defer done()
 	var pids []int
 	var pgCPU time.Duration
 	base := want - int64(r.plan.DrainRows)
@@ -270,7 +269,7 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 	res.PGCPUSeconds = pgCPU.Seconds()
 	res.ExitCode = pub.Terminate(30 * time.Second)
 	res.LoadAfter = loadAvg()
-	if res.ExitCode != 0 {
+	if !cleanExit(s, res.ExitCode) {
 		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.Tail(5))
 	}
 	res.PG, _ = publisherStatements(ctx, conn)

@@ -44,7 +44,7 @@ func benchMain(args []string) error {
 	drainRows := fs.Int("drain-rows", 0, "override the backlog size")
 	sources := fs.String("sources", "", "comma-separated sources instead of the plan's: cdc, cdc-linger-DURATION, poll-DURATION, poll-DURATION-bBATCH")
 	loads := fs.String("loads", "", "comma-separated loads to run as RATExROWS, e.g. 1000x1,5000x10 (default all)")
-	only := fs.String("only", "", "run only latency (\"latency\") or only the drains (\"drain\")")
+	only := fs.String("only", "", "run only latency (\"latency\"), the drains (\"drain\") or the consumer (\"consumer\")")
 	profile := fs.String("profile", "", "instead of the matrix: profile the CDC and poll drains in-process, writing pprof files to this folder")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -91,11 +91,13 @@ func benchMain(args []string) error {
 	switch *only {
 	case "":
 	case "latency":
-		p.DrainSources, p.DrainRows = nil, 0
+		p.DrainSources, p.DrainRows, p.ConsumerCells = nil, 0, nil
 	case "drain":
-		p.Loads = nil
+		p.Loads, p.ConsumerCells = nil, nil
+	case "consumer":
+		p.Loads, p.DrainSources, p.DrainRows = nil, nil, 0
 	default:
-		return fmt.Errorf("-only %q: use latency or drain", *only)
+		return fmt.Errorf("-only %q: use latency, drain or consumer", *only)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -16,7 +16,9 @@ var publisherApps = []string{"outboxd", "outboxd-poll"}
 // publisherBackends are the server processes serving the publisher in the
 // database: the walsender under CDC, the workers' backends under polling.
 func publisherBackends(ctx context.Context, conn *pgx.Conn, db string) ([]int, error) {
-	rows, _ := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = ANY($2)`, db, publisherApps)
+	// Debezium's connections are "Debezium Streaming" (the walsender) and
+	// "Debezium General"/"Debezium Heartbeat" and so on.
+	rows, _ := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1 AND (application_name = ANY($2) OR application_name LIKE 'Debezium%')`, db, publisherApps)
 	return pgx.CollectRows(rows, pgx.RowTo[int])
 }
 
@@ -90,4 +92,11 @@ func tableReads(ctx context.Context, conn *pgx.Conn) (read, updated int64, err e
 func execSQL(ctx context.Context, conn *pgx.Conn, sql string, args ...any) error {
 	_, err := conn.Exec(ctx, sql, args...)
 	return err
+}
+
+// slotActive reports whether a client streams from the slot.
+func slotActive(ctx context.Context, conn *pgx.Conn, slot string) bool {
+	var active bool
+	err := conn.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+	return err == nil && active
 }

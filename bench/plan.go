@@ -117,13 +117,19 @@ var (
 	loadsFull = []load{{100, 1}, {100, 10}, {1000, 1}, {1000, 10}, {5000, 1}, {5000, 10}}
 )
 
-// fullPlan is the issue's matrix plus one tuning variant: CDC with the
-// producer lingering 1 ms, next to CDC as it ships (no linger).
+// fullPlan is the matrix of issues 6 and 13: outboxd (at-least-once and
+// exactly-once), Debezium (poll.interval.ms 10 and its default 500) and
+// polling every 10 ms at every load, polling every 100 ms at 1,000 ev/s;
+// three rotated rounds of each cell; the 1,000,000-row drain; the consumer.
 func fullPlan() plan {
 	b := poll.DefaultConfig().BatchSize
+	at1000 := []load{{1000, 1}, {1000, 10}}
+	poll100 := pollSource(100*time.Millisecond, b)
+	poll100.OnlyLoads = at1000
 	return plan{
-		Name:         "full",
-		Sources:      []source{cdcSource(), cdcExactlyOnce(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)},
+		Name: "full",
+		Sources: []source{cdcSource(), cdcExactlyOnce(), debeziumSource(10 * time.Millisecond), debeziumSource(500 * time.Millisecond),
+			pollSource(10*time.Millisecond, b), poll100},
 		Loads:        loadsFull,
 		Duration:     8 * time.Second,
 		Repeats:      3,
@@ -134,26 +140,26 @@ func fullPlan() plan {
 		PayloadBytes: 200,
 		DrainRows:    1000000,
 		DrainTxRows:  100,
-		DrainSources: []source{cdcSource(), cdcExactlyOnce(), cdcLinger(time.Millisecond), pollSource(100*time.Millisecond, b),
-			pollSource(10*time.Millisecond, b), pollSource(100*time.Millisecond, 100)},
-		ConsumerMessages: 50000,
+		DrainSources: []source{cdcSource(), cdcExactlyOnce(), debeziumSource(10 * time.Millisecond), pollSource(100*time.Millisecond, b),
+			pollSource(10*time.Millisecond, b)},
+		ConsumerMessages: 20000,
 		ConsumerCells:    []consumerCell{{1, 1}, {6, 1}, {1, 100}, {6, 100}},
 	}
 }
 
-// quickPlan is the smoke-test matrix: the three sources of the issue, one
-// load, a small backlog; every output.
+// quickPlan is the smoke-test matrix: each kind of source once at one
+// load, a small backlog, a small consumer run; every output.
 func quickPlan() plan {
 	b := poll.DefaultConfig().BatchSize
 	p := fullPlan()
 	p.Name = "quick"
-	p.Sources = []source{cdcSource(), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)}
+	p.Sources = []source{cdcSource(), debeziumSource(10 * time.Millisecond), pollSource(100*time.Millisecond, b), pollSource(10*time.Millisecond, b)}
 	p.Loads = []load{{1000, 10}}
 	p.Duration = 3 * time.Second
 	p.Repeats = 1
 	p.WarmMin, p.WarmMax = 0, 10*time.Second
 	p.DrainRows = 20000
-	p.DrainSources = []source{cdcSource(), pollSource(100*time.Millisecond, b)}
+	p.DrainSources = []source{cdcSource(), debeziumSource(10 * time.Millisecond), pollSource(100*time.Millisecond, b)}
 	p.ConsumerMessages = 2000
 	p.ConsumerCells = []consumerCell{{2, 1}, {2, 100}}
 	return p
@@ -173,6 +179,12 @@ func parseSource(name string) (source, error) {
 			return source{}, fmt.Errorf("source %q: %w", name, err)
 		}
 		return cdcLinger(d), nil
+	case strings.HasPrefix(name, "debezium-"):
+		d, err := time.ParseDuration(strings.TrimPrefix(name, "debezium-"))
+		if err != nil || d < time.Millisecond {
+			return source{}, fmt.Errorf("source %q: want debezium-POLLINTERVAL, e.g. debezium-10ms", name)
+		}
+		return debeziumSource(d), nil
 	case strings.HasPrefix(name, "poll-"):
 		spec, batch := strings.TrimPrefix(name, "poll-"), poll.DefaultConfig().BatchSize
 		if i := strings.Index(spec, "-b"); i >= 0 {
@@ -187,5 +199,5 @@ func parseSource(name string) (source, error) {
 		}
 		return pollSource(d, batch), nil
 	}
-	return source{}, fmt.Errorf("source %q: use cdc, cdc-exactly-once, cdc-linger-DURATION, poll-DURATION or poll-DURATION-bBATCH", name)
+	return source{}, fmt.Errorf("source %q: use cdc, cdc-exactly-once, cdc-linger-DURATION, debezium-DURATION, poll-DURATION or poll-DURATION-bBATCH", name)
 }
