@@ -38,6 +38,11 @@ type latencyResult struct {
 	// of the same key (each key has one sequential writer).
 	LatePartition int `json:"late_partition"`
 	LateKey       int `json:"late_key"`
+	// CPUShares is how many cores each part of the machine used over the
+	// measured window (outboxd or the publisher, its walsender or poll
+	// connections, all of PostgreSQL, the Kafka broker, this program's
+	// writers and consumer, idle).
+	CPUShares map[string]float64 `json:"cpu_shares,omitempty"`
 	// StartupSeconds is the publisher's start → its first record in Kafka.
 	StartupSeconds float64 `json:"startup_seconds"`
 	// The publisher process over the measured window.
@@ -179,6 +184,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	if err != nil {
 		return fail(err)
 	}
+	mach0 := sampleCPU(pub.PID(), pids)
 	began := time.Now()
 	rows, err := writeLoad(ctx, db.DSN, clk, topic, l.Rate, l.TxRows, l.writers(), r.plan.Aggregates, r.plan.PayloadBytes, r.plan.Duration)
 	if err != nil {
@@ -187,6 +193,11 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	res.WriteSeconds = time.Since(began).Seconds()
 	res.Written = len(rows)
 	res.AchievedRate = float64(len(rows)) / res.WriteSeconds
+	publisherName := "outboxd"
+	if s.Debezium {
+		publisherName = "debezium"
+	}
+	res.CPUShares = shares(mach0, sampleCPU(pub.PID(), pids), publisherName)
 	complete := cons.waitFor(warm+len(rows), 60*time.Second)
 	cpu1, err := testproc.CPUTime(pub.PID())
 	if err != nil {

@@ -96,8 +96,15 @@ func benchMain(args []string) error {
 		p.Loads, p.ConsumerCells = nil, nil
 	case "consumer":
 		p.Loads, p.DrainSources, p.DrainRows = nil, nil, 0
+	case "sustained":
+		p.Loads, p.DrainSources, p.DrainRows, p.ConsumerCells = nil, nil, 0, nil
+		p.Sustained = []sustainedSpec{{TxRows: 1, Start: 2000}, {TxRows: 100, Start: 20000}}
+		p.SustainedWindow = 60 * time.Second
+		if *duration > 0 {
+			p.SustainedWindow = *duration
+		}
 	default:
-		return fmt.Errorf("-only %q: use latency, drain or consumer", *only)
+		return fmt.Errorf("-only %q: use latency, drain, consumer or sustained", *only)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -192,6 +199,16 @@ func run(ctx context.Context, r runner) (*report, error) {
 		}
 		r.logf("backlog drain, %d rows:", r.plan.DrainRows)
 		rep.Drains = r.drains(ctx)
+	}
+	if len(r.plan.Sustained) > 0 {
+		sr := r
+		sr.plan.Duration = r.plan.SustainedWindow
+		for _, sp := range r.plan.Sustained {
+			r.logf("sustained rate, %d-row transactions, windows of %s, from %d ev/s:", sp.TxRows, sr.plan.Duration, sp.Start)
+			res := sr.sustained(ctx, sp.TxRows, sp.Start)
+			r.logf("  → %s", res.summary())
+			rep.Sustained = append(rep.Sustained, res)
+		}
 	}
 	if r.plan.ConsumerMessages > 0 && len(r.plan.ConsumerCells) > 0 {
 		r.logf("consumer throughput, %d messages a run:", r.plan.ConsumerMessages)

@@ -105,6 +105,18 @@ type plan struct {
 	// preloaded per run, each of ConsumerCells in Repeats rotated rounds.
 	ConsumerMessages int            `json:"consumer_messages"`
 	ConsumerCells    []consumerCell `json:"consumer_cells"`
+	// Sustained searches the highest rate outboxd keeps up with for each
+	// transaction shape, in windows of SustainedWindow (sustained.go);
+	// only with -only sustained.
+	Sustained       []sustainedSpec `json:"sustained,omitempty"`
+	SustainedWindow time.Duration   `json:"sustained_window_ns,omitempty"`
+}
+
+// sustainedSpec is one sustained-rate search: its transaction shape and the
+// rate it starts from (doubled until a window fails).
+type sustainedSpec struct {
+	TxRows int `json:"tx_rows"`
+	Start  int `json:"start"`
 }
 
 // consumerCell is one consumer configuration: partitions × batch size.

@@ -18,17 +18,18 @@ import (
 
 // report is everything one run measured.
 type report struct {
-	Plan       plan             `json:"plan"`
-	Machine    machine          `json:"machine"`
-	Started    time.Time        `json:"started"`
-	Finished   time.Time        `json:"finished"`
-	Warmup     warmup           `json:"warmup"`
-	FloorStart floor            `json:"floor_start"`
-	FloorEnd   floor            `json:"floor_end"`
-	Latency    []latencyResult  `json:"latency"`
-	Drains     []drainResult    `json:"drains"`
-	Consumer   []consumerResult `json:"consumer"`
-	Targets    []target         `json:"targets"`
+	Plan       plan              `json:"plan"`
+	Machine    machine           `json:"machine"`
+	Started    time.Time         `json:"started"`
+	Finished   time.Time         `json:"finished"`
+	Warmup     warmup            `json:"warmup"`
+	FloorStart floor             `json:"floor_start"`
+	FloorEnd   floor             `json:"floor_end"`
+	Latency    []latencyResult   `json:"latency"`
+	Drains     []drainResult     `json:"drains"`
+	Consumer   []consumerResult  `json:"consumer"`
+	Sustained  []sustainedResult `json:"sustained,omitempty"`
+	Targets    []target          `json:"targets"`
 }
 
 type machine struct {
@@ -289,6 +290,22 @@ func (r *report) markdown() string {
 			}
 			p("| %s | %.2f | %.0f | %.2f | %.0f | %s | %.2f | %.1f | %.2f | %d | %.2f |\n",
 				d.Source, d.Seconds, d.EventsPerSec, d.StartupSeconds, d.SteadyPerSec, pct, d.CPUMsPer1k, d.PeakRSSMiB, d.PGCPUSeconds, d.PG.Blocks, d.LoadAfter)
+		}
+		p("\n")
+	}
+	if len(r.Sustained) > 0 {
+		p("## Sustained rate (outboxd CDC, p99 commit → Kafka < 100 ms over a %s window)\n\n", r.Plan.SustainedWindow)
+		p("| transaction | highest rate kept up | its p50 / p99 ms | first rate that failed | why |\n|---|--:|--:|--:|---|\n")
+		for _, x := range r.Sustained {
+			best, bp, fail := "none", "–", "–"
+			if x.Best != nil {
+				best = fmt.Sprintf("%.0f ev/s", x.Best.AchievedRate)
+				bp = fmt.Sprintf("%.2f / %.2f", x.Best.P50Ms, x.Best.P99Ms)
+			}
+			if x.Failed != nil {
+				fail = fmt.Sprintf("%d ev/s", x.Failed.Load.Rate)
+			}
+			p("| %d row/tx | %s | %s | %s | %s |\n", x.TxRows, best, bp, fail, mdEscape(x.Bottleneck))
 		}
 		p("\n")
 	}

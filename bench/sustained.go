@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testproc"
+)
+
+// The sustained rate (issue 13): the highest write rate outboxd keeps up
+// with, p99 commit → Kafka under 100 ms over a whole window, per
+// transaction shape, found by doubling the rate until a window fails and
+// then halving the gap twice; and at the first failing rate, where the
+// machine's CPU went.
+
+// sustainedResult is the search for one transaction shape.
+type sustainedResult struct {
+	TxRows int `json:"tx_rows"`
+	// Best is the highest rate that kept up (nil if none did); Failed the
+	// lowest that did not.
+	Best   *latencyResult  `json:"best,omitempty"`
+	Failed *latencyResult  `json:"failed,omitempty"`
+	Steps  []latencyResult `json:"steps"`
+	// Bottleneck says why Failed failed, from its numbers.
+	Bottleneck string `json:"bottleneck"`
+}
+
+// keptUp: every row arrived, p99 under 100 ms, and the writers achieved
+// the rate (else PostgreSQL, not the publisher, was the limit).
+func keptUp(c latencyResult) bool {
+	return c.Err == "" && c.Missing == 0 && c.P99Ms < 100 && c.AchievedRate >= 0.95*float64(c.Load.Rate)
+}
+
+func (r *runner) sustained(ctx context.Context, txRows, start int) sustainedResult {
+	res := sustainedResult{TxRows: txRows}
+	step := func(rate int) latencyResult {
+		c := r.latencyCell(ctx, cdcSource(), load{Rate: rate, TxRows: txRows})
+		res.Steps = append(res.Steps, c)
+		return c
+	}
+	lo, hi := 0, 0
+	for rate := start; ctx.Err() == nil && rate <= 1<<20; rate *= 2 {
+		c := step(rate)
+		if !keptUp(c) {
+			hi, res.Failed = rate, &res.Steps[len(res.Steps)-1]
+			break
+		}
+		lo, res.Best = rate, &res.Steps[len(res.Steps)-1]
+	}
+	for range 2 {
+		if lo == 0 || hi == 0 || ctx.Err() != nil {
+			break
+		}
+		mid := (lo + hi) / 2 / txRows * txRows
+		if mid <= lo {
+			break
+		}
+		if c := step(mid); keptUp(c) {
+			lo, res.Best = mid, &res.Steps[len(res.Steps)-1]
+		} else {
+			hi, res.Failed = mid, &res.Steps[len(res.Steps)-1]
+		}
+	}
+	if f := res.Failed; f != nil {
+		res.Bottleneck = bottleneck(*f)
+	}
+	return res
+}
+
+// bottleneck reads a failed window: writers short of the rate mean
+// PostgreSQL's commits were the limit; otherwise the busiest process.
+func bottleneck(c latencyResult) string {
+	shares := fmt.Sprintf("CPU cores over the window: %s", formatShares(c.CPUShares))
+	if c.Err != "" {
+		return "failed: " + c.Err
+	}
+	if c.AchievedRate < 0.95*float64(c.Load.Rate) {
+		return fmt.Sprintf("the writers reached only %.0f of %d ev/s: PostgreSQL's commits (fsync on) were the limit, not the publisher; %s", c.AchievedRate, c.Load.Rate, shares)
+	}
+	top, topV := "", 0.0
+	for k, v := range c.CPUShares {
+		if v > topV && k != "idle" {
+			top, topV = k, v
+		}
+	}
+	return fmt.Sprintf("p99 %.0f ms at %.0f ev/s; busiest: %s (%.2f cores); %s", c.P99Ms, c.AchievedRate, top, topV, shares)
+}
+
+func formatShares(m map[string]float64) string {
+	var parts []string
+	for _, k := range []string{"outboxd", "debezium", "walsender", "postgres (all)", "kafka broker", "bench (writers, consumer)", "idle"} {
+		if v, ok := m[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", k, v))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// cpuSample is the CPU time of the machine's parts at one moment.
+type cpuSample struct {
+	at                    time.Time
+	postgres, kafka, self time.Duration
+	idle                  time.Duration
+	publisher, walsender  time.Duration
+}
+
+// sampleCPU reads /proc: every postgres process, the Kafka broker's JVM,
+// this process, the machine's idle time, the publisher and its walsenders.
+func sampleCPU(publisherPID int, walsenders []int) cpuSample {
+	s := cpuSample{at: time.Now()}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range procs {
+		pid, err := strconv.Atoi(filepath.Base(d))
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(d + "/comm")
+		if err != nil {
+			continue
+		}
+		switch strings.TrimSpace(string(comm)) {
+		case "postgres":
+			if c, err := testproc.CPUTime(pid); err == nil {
+				s.postgres += c
+			}
+		case "java":
+			if cmd, err := os.ReadFile(d + "/cmdline"); err == nil && strings.Contains(string(cmd), "kafka.Kafka") {
+				if c, err := testproc.CPUTime(pid); err == nil {
+					s.kafka += c
+				}
+			}
+		}
+	}
+	if c, err := testproc.CPUTime(os.Getpid()); err == nil {
+		s.self = c
+	}
+	if c, err := testproc.CPUTime(publisherPID); err == nil {
+		s.publisher = c
+	}
+	s.walsender = backendsCPU(walsenders)
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		if f := strings.Fields(strings.SplitN(string(b), "\n", 2)[0]); len(f) > 4 {
+			if v, err := strconv.ParseInt(f[4], 10, 64); err == nil {
+				s.idle = time.Duration(v) * 10 * time.Millisecond // USER_HZ = 100
+			}
+		}
+	}
+	return s
+}
+
+// shares is how many cores each part used between two samples.
+func shares(a, b cpuSample, publisher string) map[string]float64 {
+	sec := b.at.Sub(a.at).Seconds()
+	if sec <= 0 {
+		return nil
+	}
+	cores := func(d time.Duration) float64 { return float64(d) / float64(time.Second) / sec }
+	return map[string]float64{
+		publisher:                   cores(b.publisher - a.publisher),
+		"walsender":                 cores(b.walsender - a.walsender),
+		"postgres (all)":            cores(b.postgres - a.postgres),
+		"kafka broker":              cores(b.kafka - a.kafka),
+		"bench (writers, consumer)": cores(b.self - a.self),
+		"idle":                      cores(b.idle - a.idle),
+	}
+}
+
+func (s sustainedResult) summary() string {
+	best := "none kept up"
+	if s.Best != nil {
+		best = fmt.Sprintf("%d ev/s kept up (p99 %.1f ms)", s.Best.Load.Rate, s.Best.P99Ms)
+	}
+	if s.Failed == nil {
+		return best
+	}
+	return fmt.Sprintf("%s; %d ev/s did not: %s", best, s.Failed.Load.Rate, s.Bottleneck)
+}
