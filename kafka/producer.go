@@ -68,6 +68,7 @@ type Producer struct {
 	version int16 // produce request version
 
 	in      chan *Record
+	inBatch chan []*Record // SendBatch: unbuffered, so a batch is taken before Send's later records
 	resp    chan produceResponse
 	meta    chan topicMeta
 	closing chan struct{}
@@ -184,6 +185,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 		ended:   make(chan error),
 		txn:     txnState{added: map[topicPartition]bool{}},
 		in:      make(chan *Record, 256),
+		inBatch: make(chan []*Record),
 		resp:    make(chan produceResponse),
 		meta:    make(chan topicMeta),
 		closing: make(chan struct{}),
@@ -239,6 +241,21 @@ func (p *Producer) Send(ctx context.Context, r *Record) error {
 	}
 }
 
+// SendBatch enqueues rs, in order, at once: the producer takes them all
+// before it builds its next requests, so records sent together share
+// requests (one per broker) instead of the first going alone. rs is the
+// producer's from now on. It blocks while the producer's input is full.
+func (p *Producer) SendBatch(ctx context.Context, rs []*Record) error {
+	select {
+	case p.inBatch <- rs:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-p.closing:
+		return ErrProducerClosed
+	}
+}
+
 // Results implements Producer.
 func (p *Producer) Results() <-chan *Record { return p.results }
 
@@ -276,6 +293,10 @@ func (p *Producer) run() {
 		select {
 		case r := <-p.in:
 			p.add(r)
+		case rs := <-p.inBatch:
+			for _, r := range rs {
+				p.add(r)
+			}
 		case pr := <-p.resp:
 			p.inflight--
 			p.handleResponse(pr)

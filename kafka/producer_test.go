@@ -36,14 +36,16 @@ type sentBatch struct {
 
 // produceLog records every batch the fake broker received, in order.
 type produceLog struct {
-	mu      sync.Mutex
-	batches []sentBatch
+	mu       sync.Mutex
+	batches  []sentBatch
+	requests int
 }
 
 func (l *produceLog) observe(kreq kmsg.Request) {
 	req := kreq.(*kmsg.ProduceRequest)
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.requests++
 	for _, t := range req.Topics {
 		for _, p := range t.Partitions {
 			var rb kmsg.RecordBatch
@@ -542,5 +544,30 @@ func TestReadCompactedSkipsAbortedTransactions(t *testing.T) {
 	}
 	if string(got["a"]) != "1" || string(got["b"]) != "3" || len(got) != 2 {
 		t.Fatalf("ReadCompacted = %q, want a=1 (a=2 was aborted) b=3", got)
+	}
+}
+
+// Records handed over together with SendBatch share one request, one batch
+// per partition, instead of the first going alone and the rest a round
+// trip later.
+func TestKafkaProducerSendBatchSharesARequest(t *testing.T) {
+	f := startFakeKafka(t, 3, "t")
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	var rs []*Record
+	for i := int64(1); i <= 9; i++ {
+		rs = append(rs, rec(i, "t", keyFor(t, int32(i%3), 3)))
+	}
+	if err := p.SendBatch(context.Background(), rs); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results(t, p, 9) {
+		if r.Err != nil {
+			t.Fatalf("record %d: %v", r.OutboxID, r.Err)
+		}
+	}
+	f.log.mu.Lock()
+	defer f.log.mu.Unlock()
+	if f.log.requests != 1 || len(f.log.batches) != 3 {
+		t.Fatalf("%d produce requests with %d batches, want 1 request with one batch per partition (3)", f.log.requests, len(f.log.batches))
 	}
 }

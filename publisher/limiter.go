@@ -26,23 +26,30 @@ func newLimiter(maxEvents int, maxBytes int64) *limiter {
 
 func (l *limiter) acquire(ctx context.Context, n int64) error {
 	for {
-		l.mu.Lock()
-		if l.events == 0 || (l.events < l.maxEvents && l.bytes+n <= l.maxBytes) {
-			if l.events == 0 {
-				l.progress = time.Now()
-			}
-			l.events++
-			l.bytes += n
-			l.mu.Unlock()
+		if l.tryAcquire(n) {
 			return nil
 		}
-		l.mu.Unlock()
 		select {
 		case <-l.wake:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
+}
+
+// tryAcquire acquires room for an event of n bytes if there is some now.
+func (l *limiter) tryAcquire(n int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.events == 0 || (l.events < l.maxEvents && l.bytes+n <= l.maxBytes) {
+		if l.events == 0 {
+			l.progress = time.Now()
+		}
+		l.events++
+		l.bytes += n
+		return true
+	}
+	return false
 }
 
 func (l *limiter) release(n int64) {

@@ -50,6 +50,9 @@ type Pipeline struct {
 	lim  *limiter
 	m    *Metrics
 	cp   *checkpointing // nil: no checkpoints
+	// pending are records acquired and not yet handed to the producer
+	// (flush); owned by Run's goroutine.
+	pending []*kafka.Record
 
 	done     chan struct{}
 	failOnce sync.Once
@@ -199,9 +202,19 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				return err
 			}
 			p.produced()
+			// Nothing more has arrived: send what is held back now rather
+			// than wait for the commit (the stream may be slow mid-way).
+			if len(in) == 0 {
+				if err := p.flush(ctx); err != nil {
+					return err
+				}
+			}
 		case replication.KindCommit:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: commit outside a transaction", replication.ErrProtocol)
+			}
+			if err := p.flush(ctx); err != nil {
+				return err
 			}
 			p.wm.Commit(cur, m.Commit.EndLSN)
 			cur = nil
@@ -223,27 +236,80 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 	}
 }
 
+// maxPending bounds the records of one transaction held back to go to the
+// producer together (see flush).
+const maxPending = 512
+
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
 	r := NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
 	r.Meta = t
 	size := int64(r.Size())
-	if err := p.lim.acquire(ctx, size); err != nil {
-		return err
+	if !p.lim.tryAcquire(size) {
+		// The in-flight limit is reached: what is held back must go out
+		// before waiting, or nothing would ever come back to free room.
+		if err := p.flush(ctx); err != nil {
+			return err
+		}
+		if err := p.lim.acquire(ctx, size); err != nil {
+			return err
+		}
 	}
 	p.wm.Add(t)
 	p.m.InFlightEvents.Inc()
 	p.m.InFlightBytes.Add(float64(size))
 	if r.Topic == "" {
 		// Unroutable: never reaches Kafka. Hand it to the ack loop as a
-		// failed record so it is treated like any other poison event.
+		// failed record so it is treated like any other poison event, after
+		// the records before it.
+		if err := p.flush(ctx); err != nil {
+			return err
+		}
 		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: errNoTopic}
 		return p.handleResult(ctx, r)
 	}
-	return p.prod.Send(ctx, r)
+	p.pending = append(p.pending, r)
+	if len(p.pending) >= maxPending {
+		return p.flush(ctx)
+	}
+	return nil
 }
 
-// drain waits until every produced event is acknowledged.
+// batchSender is a Producer that takes several records at once, so that a
+// transaction's records share requests (kafka.Producer).
+type batchSender interface {
+	SendBatch(ctx context.Context, rs []*kafka.Record) error
+}
+
+// flush hands the held-back records to the producer. The records of a
+// PostgreSQL transaction arrive together (pgoutput sends it at commit): the
+// reader holds them back while more are already waiting on its input, and
+// flushes when none is (or at the commit, every maxPending records, and
+// before anything waits for acknowledgements). With one request in flight
+// per broker, records sent one by one would take a round trip for the first
+// and another for the rest; held back, they share a request.
+func (p *Pipeline) flush(ctx context.Context) error {
+	if len(p.pending) == 0 {
+		return nil
+	}
+	rs := p.pending
+	p.pending = nil
+	if bs, ok := p.prod.(batchSender); ok {
+		return bs.SendBatch(ctx, rs)
+	}
+	for _, r := range rs {
+		if err := p.prod.Send(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drain sends what is held back and waits until every produced event is
+// acknowledged.
 func (p *Pipeline) drain(ctx context.Context) error {
+	if err := p.flush(ctx); err != nil {
+		return err
+	}
 	for {
 		if n, _ := p.lim.inFlight(); n == 0 {
 			return nil

@@ -421,3 +421,85 @@ func TestPipelineHookFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {
 func poison(r *kafka.Record, err error) error {
 	return &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Size: r.Size(), Err: err}
 }
+
+// batchingProducer is a fakeProducer that also takes batches, counting them.
+type batchingProducer struct {
+	*fakeProducer
+	batches chan int
+}
+
+func (b *batchingProducer) SendBatch(ctx context.Context, rs []*kafka.Record) error {
+	b.batches <- len(rs)
+	for _, r := range rs {
+		if err := b.Send(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// A transaction whose messages are already waiting reaches the producer in
+// one SendBatch, so its records can share requests.
+func TestPipelineHandsAWaitingTransactionToTheProducerAtOnce(t *testing.T) {
+	in := make(chan replication.Message, 100)
+	in <- begin()
+	for i := int64(1); i <= 10; i++ {
+		in <- event(i, fmt.Sprintf("k%d", i), "t")
+	}
+	in <- commit(2000)
+	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
+	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx, in) }()
+	select {
+	case n := <-prod.batches:
+		if n != 10 {
+			t.Fatalf("first batch of %d records, want the transaction's 10 at once", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no batch sent")
+	}
+	for range 10 {
+		prod.ack(<-prod.sentCh)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.Confirmed() != 2000 {
+		if time.Now().After(deadline) {
+			t.Fatalf("Confirmed() = %d, want 2000", p.Confirmed())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(in)
+	if err := <-errc; err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+}
+
+// Records held back are sent before the reader waits for room: with room
+// for one event in flight, a waiting three-event transaction still goes
+// through (one at a time), never wedged behind its own unsent records.
+func TestPipelineHeldBackRecordsGoOutBeforeWaitingForRoom(t *testing.T) {
+	in := make(chan replication.Message, 100)
+	in <- begin()
+	for i := int64(1); i <= 3; i++ {
+		in <- event(i, "a", "t")
+	}
+	in <- commit(2000)
+	cfg := DefaultConfig()
+	cfg.MaxInFlightEvents = 1
+	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
+	p := NewPipeline(cfg, zap.NewNop(), prod, nil, nil, 1000, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = p.Run(ctx, in) }()
+	for i := range 3 {
+		select {
+		case r := <-prod.sentCh:
+			prod.ack(r)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("record %d of 3 never sent: held back behind the in-flight limit", i+1)
+		}
+	}
+}
