@@ -288,8 +288,12 @@ func (r *report) markdown() string {
 			} else if len(d.Runs) > 1 {
 				pct = fmt.Sprintf("best of %v ev/s", d.Runs)
 			}
+			steady := d.SteadyPerSec
+			if steady == 0 {
+				steady = d.EventsPerSec // the ceiling: no start-up to take off
+			}
 			p("| %s | %.2f | %.0f | %.2f | %.0f | %s | %.2f | %.1f | %.2f | %d | %.2f |\n",
-				d.Source, d.Seconds, d.EventsPerSec, d.StartupSeconds, d.SteadyPerSec, pct, d.CPUMsPer1k, d.PeakRSSMiB, d.PGCPUSeconds, d.PG.Blocks, d.LoadAfter)
+				d.Source, d.Seconds, d.EventsPerSec, d.StartupSeconds, steady, pct, d.CPUMsPer1k, d.PeakRSSMiB, d.PGCPUSeconds, d.PG.Blocks, d.LoadAfter)
 		}
 		p("\n")
 	}
