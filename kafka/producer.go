@@ -68,7 +68,10 @@ type Producer struct {
 	version int16 // produce request version
 
 	in      chan *Record
-	inBatch chan []*Record // SendBatch: unbuffered, so a batch is taken before Send's later records
+	// inBatch carries SendBatch's records. Records of one partition must
+	// come through one channel to keep their order: the pipeline sends all
+	// its records with SendBatch (Send is for others, e.g. checkpoints).
+	inBatch chan []*Record
 	resp    chan produceResponse
 	meta    chan topicMeta
 	closing chan struct{}
@@ -185,7 +188,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 		ended:   make(chan error),
 		txn:     txnState{added: map[topicPartition]bool{}},
 		in:      make(chan *Record, 256),
-		inBatch: make(chan []*Record),
+		inBatch: make(chan []*Record, 64),
 		resp:    make(chan produceResponse),
 		meta:    make(chan topicMeta),
 		closing: make(chan struct{}),
@@ -245,6 +248,8 @@ func (p *Producer) Send(ctx context.Context, r *Record) error {
 // before it builds its next requests, so records sent together share
 // requests (one per broker) instead of the first going alone. rs is the
 // producer's from now on. It blocks while the producer's input is full.
+// Records sent with SendBatch and with Send may be taken in either order:
+// send a partition's records through one of them only.
 func (p *Producer) SendBatch(ctx context.Context, rs []*Record) error {
 	select {
 	case p.inBatch <- rs:
@@ -361,11 +366,15 @@ func (p *Producer) shutdown() {
 			go bs.b.Close() // the request in flight returns with an error
 		}
 	}
-	// Drain records a Send raced in before it saw closing.
+	// Drain records a Send or SendBatch raced in before it saw closing.
 	for {
 		select {
 		case r := <-p.in:
 			p.fail(r, p.closedErr(r))
+		case rs := <-p.inBatch:
+			for _, r := range rs {
+				p.fail(r, p.closedErr(r))
+			}
 		default:
 			return
 		}

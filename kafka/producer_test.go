@@ -380,6 +380,9 @@ func TestKafkaProducerCloseReturnsEveryRecord(t *testing.T) {
 	sendAll(t, p, rec(1, "t", "a"))
 	waitFor(t, func() bool { return len(f.log.all()) > 0 })
 	sendAll(t, p, rec(2, "t", "a"))
+	if err := p.SendBatch(context.Background(), []*Record{rec(3, "t", "a"), rec(4, "t", "a")}); err != nil {
+		t.Fatal(err)
+	}
 	p.Close()
 	n := 0
 	timeout := time.After(5 * time.Second)
@@ -387,8 +390,8 @@ func TestKafkaProducerCloseReturnsEveryRecord(t *testing.T) {
 		select {
 		case r, ok := <-p.Results():
 			if !ok {
-				if n != 2 {
-					t.Fatalf("%d results before Results closed, want 2", n)
+				if n != 4 {
+					t.Fatalf("%d results before Results closed, want 4 (two sent, two sent as a batch)", n)
 				}
 				return
 			}
