@@ -117,11 +117,11 @@ demo-check: examples
 demo: deps up examples
 	@COUNT=$(COUNT) $(DEMO) demo
 
-## ---- The benchmark (bench/README.md): CDC against polling on the dev stack.
+## ---- The benchmark (bench/README.md): outboxd against Debezium and polling on the dev stack.
 ## Both start the stack if .devstack.env is missing, and then stop it again.
 .PHONY: bench bench-quick bench-sustained
 
-## bench: the full matrix (~15 min): bench/results/{results.md,results.json,bench.png}
+## bench: the full matrix (~25 min): bench/results/{results.md,results.json,bench.png}
 bench: deps
 	@set -euo pipefail; \
 	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \

@@ -67,7 +67,7 @@ type Producer struct {
 	epoch   int16
 	version int16 // produce request version
 
-	in      chan *Record
+	in chan *Record
 	// inBatch carries SendBatch's records. Records of one partition must
 	// come through one channel to keep their order: the pipeline sends all
 	// its records with SendBatch (Send is for others, e.g. checkpoints).
