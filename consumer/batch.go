@@ -159,11 +159,7 @@ func (s *pgStore) attemptBatch(ctx context.Context, ms []*Message, h BatchHandle
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return nil, fmt.Errorf("commit: %w", err)
-		}
-		return nil, &dbError{op: "commit", err: err}
+		return nil, commitError(err)
 	}
 	committed = true
 	return dup, nil

@@ -113,18 +113,23 @@ func (s *pgStore) attempt(ctx context.Context, m *Message, h Handler) (dup bool,
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		// The server refused (a deferred constraint, a serialization
-		// failure): the handler's writes are at fault, so it counts as a
-		// failed attempt. Otherwise the connection broke and the outcome is
-		// unknown: the next attempt finds out through the dedup row.
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			return false, fmt.Errorf("commit: %w", err)
-		}
-		return false, &dbError{op: "commit", err: err}
+		return false, commitError(err)
 	}
 	committed = true
 	return false, nil
+}
+
+// commitError classifies a failed commit of the handler's transaction. The
+// server refused (a deferred constraint, a serialization failure): the
+// handler's writes are at fault, so it counts as a failed attempt.
+// Otherwise the connection broke and the outcome is unknown: the next
+// attempt finds out through the dedup row.
+func commitError(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return &dbError{op: "commit", err: err}
 }
 
 // callHandler runs h, turning a panic into a domain error: it would panic
