@@ -119,7 +119,8 @@ func warmBroker(ctx context.Context, st stack, minWait, maxWait time.Duration, l
 		return w, floor{}, err
 	}
 	f := floorOf(ms)
-	logf("broker warm-up: %.1f s, %d windows, stable %v (window p50s %v ms); produce floor %s", w.Seconds, len(w.WindowP50Ms), w.Stable, w.WindowP50Ms, f)
+	last := w.WindowP50Ms[max(0, len(w.WindowP50Ms)-warmStable):]
+	logf("broker warm-up: %.1f s, %d windows, stable %v (last window p50s %v ms); produce floor %s", w.Seconds, len(w.WindowP50Ms), w.Stable, last, f)
 	return w, f, nil
 }
 
