@@ -52,6 +52,16 @@ func (r *runner) sustained(ctx context.Context, txRows, start int) sustainedResu
 		}
 		lo, res.Best = rate, &res.Steps[len(res.Steps)-1]
 	}
+	// The start was already too fast: halve (at most three times) until a
+	// rate keeps up.
+	for rate := hi / 2; lo == 0 && ctx.Err() == nil && rate >= txRows && len(res.Steps) < 4; rate /= 2 {
+		rate = rate / txRows * txRows
+		if c := step(rate); keptUp(c) {
+			lo, res.Best = rate, &res.Steps[len(res.Steps)-1]
+		} else {
+			hi, res.Failed = rate, &res.Steps[len(res.Steps)-1]
+		}
+	}
 	for range 2 {
 		if lo == 0 || hi == 0 || ctx.Err() != nil {
 			break
