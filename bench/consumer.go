@@ -23,11 +23,14 @@ type receipt struct {
 // consumer reads every partition of a topic from the oldest offset and
 // stamps each record when the client hands it over.
 type consumer struct {
-	c     sarama.Consumer
-	pcs   []sarama.PartitionConsumer
-	wg    sync.WaitGroup
-	n     atomic.Int64
-	parts [][]receipt // per partition, in offset order
+	c   sarama.Consumer
+	pcs []sarama.PartitionConsumer
+	wg  sync.WaitGroup
+	n   atomic.Int64
+	// from and nFrom: records with an outbox id ≥ from, counted (see
+	// countFrom).
+	from, nFrom atomic.Int64
+	parts       [][]receipt // per partition, in offset order
 }
 
 func startConsumer(s stack, topic string, clk clock) (*consumer, error) {
@@ -72,6 +75,9 @@ func startConsumer(s stack, topic string, clk clock) (*consumer, error) {
 				}
 				k.parts[i] = append(k.parts[i], r)
 				k.n.Add(1)
+				if r.id >= k.from.Load() {
+					k.nFrom.Add(1)
+				}
 			}
 		}()
 	}
@@ -80,10 +86,19 @@ func startConsumer(s stack, topic string, clk clock) (*consumer, error) {
 
 func (k *consumer) count() int { return int(k.n.Load()) }
 
-// waitFor waits until n records arrived or timeout passed.
-func (k *consumer) waitFor(n int, timeout time.Duration) bool {
+// countFrom counts, from now on, only the records with an outbox id ≥ id:
+// rows written before a publisher's stream started may never arrive (they
+// are not in its slot), and must not hold up or inflate the count of what
+// is measured.
+func (k *consumer) countFrom(id int64) {
+	k.nFrom.Store(0)
+	k.from.Store(id)
+}
+
+// waitForFrom waits until n records counted since countFrom arrived.
+func (k *consumer) waitForFrom(n int, timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
-	for k.count() < n {
+	for int(k.nFrom.Load()) < n {
 		if time.Now().After(deadline) {
 			return false
 		}
