@@ -163,16 +163,6 @@ func parseTopicTemplate(s string) (*topicTemplate, error) {
 	return t, nil
 }
 
-// Placeholders returns the columns a topic template reads, or the error that
-// makes it invalid. Preflight uses it to check that they exist.
-func Placeholders(template string) ([]string, error) {
-	t, err := parseTopicTemplate(template)
-	if t == nil {
-		return nil, err
-	}
-	return t.cols, nil
-}
-
 // resolve checks the outbox relation against the mapping (required columns,
 // their types, the template's and the header columns) and records where the
 // template's and header columns are. It returns the first problem.

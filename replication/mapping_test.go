@@ -175,10 +175,6 @@ func TestDecoderConfigValidate(t *testing.T) {
 	if err := (DecoderConfig{HeaderColumns: []HeaderColumn{{Column: "type"}}}).Validate(); err == nil {
 		t.Error("header column without a header name: Validate() = nil, want an error")
 	}
-	cols, err := Placeholders("{a}.x.{b}")
-	if err != nil || strings.Join(cols, ",") != "a,b" {
-		t.Errorf("Placeholders = %v, %v; want [a b]", cols, err)
-	}
 }
 
 func FuzzJSONHeaders(f *testing.F) {

@@ -48,20 +48,8 @@ func StartPostgresVersion(t testing.TB, version string) *PGServer {
 
 func startPostgres(t testing.TB, version string) *PGServer {
 	t.Helper()
-	dir := instanceDir(t, "outboxd-pg-")
-	port := freePorts(t, 1)[0]
-	s := &PGServer{
-		DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		Dir:  dir,
-		Port: port,
-		t:    t,
-	}
-	t.Cleanup(func() {
-		if err := stack("pg-stop", dir, "immediate"); err != nil {
-			t.Errorf("testenv: %v", err)
-		}
-		_ = os.RemoveAll(dir)
-	})
+	s := newPGServer(t, "outboxd-pg-")
+	dir, port := s.Dir, s.Port
 	args := []string{"pg-init", dir, strconv.Itoa(port)}
 	if version != "" {
 		args = append(args, "--version", version)
@@ -224,4 +212,25 @@ func freePorts(t testing.TB, n int) []int {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports
+}
+
+// newPGServer reserves a folder and a port for a private server and stops
+// and removes it at cleanup; the caller initialises and starts it.
+func newPGServer(t testing.TB, prefix string) *PGServer {
+	t.Helper()
+	dir := instanceDir(t, prefix)
+	port := freePorts(t, 1)[0]
+	s := &PGServer{
+		DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
+		Dir:  dir,
+		Port: port,
+		t:    t,
+	}
+	t.Cleanup(func() {
+		if err := stack("pg-stop", dir, "immediate"); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return s
 }

@@ -2,8 +2,6 @@ package testenv
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"strconv"
 	"time"
 
@@ -36,20 +34,8 @@ func (s *PGServer) StartStandby(slot string) *PGServer {
 	}
 	exec(s.DSN, `SELECT pg_create_physical_replication_slot($1, true)`, slot)
 
-	dir := instanceDir(t, "outboxd-pg-standby-")
-	port := freePorts(t, 1)[0]
-	st := &PGServer{
-		DSN:  fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port),
-		Dir:  dir,
-		Port: port,
-		t:    t,
-	}
-	t.Cleanup(func() {
-		if err := stack("pg-stop", dir, "immediate"); err != nil {
-			t.Errorf("testenv: %v", err)
-		}
-		_ = os.RemoveAll(dir)
-	})
+	st := newPGServer(t, "outboxd-pg-standby-")
+	dir, port := st.Dir, st.Port
 	if err := stack("pg-standby", dir, s.Dir, strconv.Itoa(port), slot); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
