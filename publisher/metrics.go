@@ -23,8 +23,12 @@ type Metrics struct {
 	ConfirmedLSN   prometheus.Gauge
 	ReceivedLSN    prometheus.Gauge
 	CommitToAck    prometheus.Histogram
-	Restarts       *prometheus.CounterVec
-	Standby        prometheus.Gauge
+	// CommitToReceive is the PostgreSQL side of CommitToAck: commit → the
+	// event decoded by outboxd (the walsender's decoding, the network,
+	// outboxd's reader). CommitToAck minus it is the Kafka side.
+	CommitToReceive prometheus.Histogram
+	Restarts        *prometheus.CounterVec
+	Standby         prometheus.Gauge
 	// ProduceRetries and ProduceRecovery observe the Kafka producer (see
 	// kafka.ProducerHooks).
 	ProduceRetries  *prometheus.CounterVec
@@ -81,6 +85,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from the Postgres commit to the Kafka acknowledgement of an event.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		CommitToReceive: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "outboxd_commit_to_receive_seconds",
+			Help:    "Time from the Postgres commit to outboxd having decoded the event: the PostgreSQL side of outboxd_commit_to_ack_seconds (walsender, network, reader).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
 		ProduceRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_produce_retries_total", Help: "Batches sent again after a retriable Kafka error (broker down, no leader, not enough replicas).",
 		}, []string{"topic"}),
@@ -124,7 +133,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered,
-			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck,
+			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck, m.CommitToReceive,
 			m.Restarts, m.Standby, m.ServerWALLSN, m.LagBytes, m.SlotRetainedWALBytes,
 			m.SlotPolls, m.LagSeconds, m.ProduceRetries, m.ProduceRecovery, m.StalledSeconds)
 	}
@@ -217,6 +226,10 @@ func (m *Metrics) ObserveSlot(p SlotPoll) {
 
 // SlotPollFailed counts a failed poll; the slot metrics keep their last values.
 func (m *Metrics) SlotPollFailed() { m.SlotPolls.WithLabelValues("error").Inc() }
+
+func (m *Metrics) observeReceived(commit time.Time) {
+	m.CommitToReceive.Observe(time.Since(commit).Seconds())
+}
 
 func (m *Metrics) observeLatency(commit time.Time) {
 	m.CommitToAck.Observe(time.Since(commit).Seconds())

@@ -1,12 +1,16 @@
 package publisher
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/replication"
 )
 
 // value reads a gauge.
@@ -69,7 +73,62 @@ func TestMetricsLagFollowsTheOldestUnconfirmedTransaction(t *testing.T) {
 		t.Fatalf("retained with a lost slot %v, want 0", got)
 	}
 	mfs, err := reg.Gather()
-	if err != nil || len(mfs) != 14 { // 19, less the five per-topic vectors not yet used
-		t.Fatalf("gathered %d metric families, err %v; want 14", len(mfs), err)
+	if err != nil || len(mfs) != 15 { // 20, less the five per-topic vectors not yet used
+		t.Fatalf("gathered %d metric families, err %v; want 15", len(mfs), err)
+	}
+}
+
+// histogram reads a histogram's count and sum.
+func histogram(t *testing.T, h prometheus.Metric) (uint64, float64) {
+	t.Helper()
+	var d dto.Metric
+	if err := h.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d.GetHistogram().GetSampleCount(), d.GetHistogram().GetSampleSum()
+}
+
+// The two latency histograms split commit → Kafka at outboxd's reader: an
+// event counts in commit → receive when the pipeline takes it, and in
+// commit → ack only when Kafka acknowledged it.
+func TestMetricsSplitCommitToAckAtTheReader(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry())
+	prod := newFakeProducer()
+	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 100, m)
+	in := make(chan replication.Message, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, in) }()
+
+	committed := time.Now().Add(-2 * time.Second)
+	in <- replication.Message{Kind: replication.KindBegin, Begin: replication.Begin{CommitTime: committed}}
+	in <- event(1, "a", "t")
+	in <- commit(2000)
+	var r *kafka.Record
+	select {
+	case r = <-prod.sentCh:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no record sent")
+	}
+	if n, sum := histogram(t, m.CommitToReceive); n != 1 || sum < 2 {
+		t.Fatalf("commit → receive: %d observations, sum %.3fs; want 1 of at least 2s", n, sum)
+	}
+	if n, _ := histogram(t, m.CommitToAck); n != 0 {
+		t.Fatalf("commit → ack observed %d times before Kafka acknowledged", n)
+	}
+	prod.ack(r)
+	for deadline := time.Now().Add(5 * time.Second); p.Confirmed() != 2000; {
+		if time.Now().After(deadline) {
+			t.Fatalf("not confirmed: %d", p.Confirmed())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n, sum := histogram(t, m.CommitToAck); n != 1 || sum < 2 {
+		t.Fatalf("commit → ack: %d observations, sum %.3fs; want 1 of at least 2s", n, sum)
+	}
+	close(in)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -198,6 +198,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			if skipping {
 				continue
 			}
+			p.m.observeReceived(begin.CommitTime)
 			if err := p.produce(ctx, cur, &m); err != nil {
 				return err
 			}

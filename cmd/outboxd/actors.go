@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/oklog/run"
@@ -32,6 +33,18 @@ func addHTTPServer(g *run.Group, addr string, h http.Handler, logger *zap.Logger
 		_ = srv.Shutdown(ctx)
 	})
 	return nil
+}
+
+// addPprof serves Go's profiler under /debug/pprof/ on mux (--pprof): CPU,
+// heap, goroutines and blocking, for finding where a running daemon's time
+// goes. Off by default: a profile costs CPU while it runs and shows the
+// process's internals to whoever reaches the address.
+func addPprof(mux *http.ServeMux) {
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 }
 
 // runGroup runs the actors until the first returns; a signal is a clean stop.

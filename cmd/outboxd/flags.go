@@ -42,6 +42,7 @@ type options struct {
 	serverTimeout   time.Duration
 	noCreate        bool
 	metricsAddr     string
+	pprof           bool
 	pub             publisher.Config
 	shapeOpts       shapeOptions // shape.go
 	decoder         replication.DecoderConfig
@@ -85,6 +86,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.retention.OlderThan, "retention", 0, "delete outbox rows older than this, in batches off the hot path (0: never; their INSERTs are in WAL already, so CDC loses nothing; keep them as long as a replay may need them)")
 	fs.DurationVar(&o.retention.Interval, "retention-interval", o.retention.Interval, "with --retention: how often to delete")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
+	fs.BoolVar(&o.pprof, "pprof", false, "with --metrics-addr: also serve Go's profiler under /debug/pprof/ (CPU, heap, goroutines)")
 	addPollFlags(fs, o)
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
 	o.kafkaSec.AddFlags(fs)

@@ -99,15 +99,18 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 		return err
 	}
 	if o.metricsAddr != "" {
-		if err := addHTTPServer(&g, o.metricsAddr, pollHealthMux(reg, poller), logger); err != nil {
+		if err := addHTTPServer(&g, o.metricsAddr, pollHealthMux(reg, poller, o.pprof), logger); err != nil {
 			return err
 		}
 	}
 	return runGroup(&g, logger)
 }
 
-func pollHealthMux(reg *prometheus.Registry, p *poll.Poller) *http.ServeMux {
+func pollHealthMux(reg *prometheus.Registry, p *poll.Poller, withPprof bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	if withPprof {
+		addPprof(mux)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

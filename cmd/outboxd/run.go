@@ -118,7 +118,7 @@ func runCDC(ctx context.Context, o *options) error {
 		return err
 	}
 	if o.metricsAddr != "" { // Metrics and health.
-		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot, o.stallTimeout), logger); err != nil {
+		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot, o.stallTimeout, o.pprof), logger); err != nil {
 			return err
 		}
 		// The slot poller: lag bytes and retained WAL for the metrics.
@@ -172,8 +172,11 @@ func prepare(ctx context.Context, o *options, logger *zap.Logger) error {
 // 200 while streaming as the active instance or waiting as a healthy standby
 // (the body says which), 503 while starting, restarting after an error, or
 // stopped.
-func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string, stallTimeout time.Duration) *http.ServeMux {
+func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string, stallTimeout time.Duration, withPprof bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	if withPprof {
+		addPprof(mux)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
