@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -58,6 +59,9 @@ type latencyResult struct {
 	PGWALBPerEvent float64 `json:"pg_wal_bytes_per_event"`
 	TuplesRead     int64   `json:"tuples_read"`
 	TuplesUpdated  int64   `json:"tuples_updated"`
+	// Stages splits outboxd's own commit → Kafka time at its reader (CDC
+	// only; stages.go).
+	Stages *stageLatency `json:"stages,omitempty"`
 	// Machine load (1-minute average) before and after.
 	LoadBefore float64 `json:"load_before"`
 	LoadAfter  float64 `json:"load_after"`
@@ -73,6 +77,9 @@ type runner struct {
 	logf  func(format string, args ...any)
 	// debeziumLibs is the folder of Debezium's jars, once fetched.
 	debeziumLibs string
+	// pprofDir, when set, receives a CPU profile of outboxd from the middle
+	// of each latency window (-pprof).
+	pprofDir string
 }
 
 // latencyCell measures one source at one load in a database and topic of
@@ -113,7 +120,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		}
 	}()
 	name := uniqueName("bench")
-	pub, done, err := r.launch(db, name, name, s)
+	pub, done, metricsAddr, err := r.launch(db, name, name, s)
 	if err != nil {
 		return fail(err)
 	}
@@ -192,6 +199,29 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		return fail(err)
 	}
 	mach0 := sampleCPU(pub.PID(), pids)
+	var hist0 histograms
+	if metricsAddr != "" {
+		hist0, _ = scrapeHistograms(ctx, metricsAddr) // nil: no stages
+	}
+	profiled := make(chan struct{})
+	if r.pprofDir != "" && metricsAddr != "" {
+		// From a quarter into the window, for half of it (at most 10 s).
+		secs := max(1, min(10, int(r.plan.Duration.Seconds()/2)))
+		path := filepath.Join(r.pprofDir, fmt.Sprintf("%s-%dx%d-%s.cpu.prof", s.Name, l.Rate, l.TxRows, time.Now().Format("150405")))
+		go func() {
+			defer close(profiled)
+			select {
+			case <-time.After(r.plan.Duration / 4):
+			case <-ctx.Done():
+				return
+			}
+			if err := cpuProfile(ctx, metricsAddr, secs, path); err != nil {
+				r.logf("  profile of %s at %s: %v", s.Name, l, err)
+			}
+		}()
+	} else {
+		close(profiled)
+	}
 	began := time.Now()
 	rows, err := writeLoad(ctx, db.DSN, clk, topic, l.Rate, l.TxRows, l.writers(), r.plan.Aggregates, r.plan.PayloadBytes, r.plan.Duration)
 	if err != nil {
@@ -206,6 +236,12 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	}
 	res.CPUShares = shares(mach0, sampleCPU(pub.PID(), pids), publisherName)
 	complete := cons.waitForFrom(warm+len(rows), 60*time.Second)
+	<-profiled
+	if hist0 != nil {
+		if hist1, err := scrapeHistograms(ctx, metricsAddr); err == nil {
+			res.Stages = stagesBetween(hist0, hist1)
+		}
+	}
 	cpu1, err := testproc.CPUTime(pub.PID())
 	if err != nil {
 		return fail(fmt.Errorf("publisher exited: %s", pub.Tail(5)))
@@ -244,6 +280,9 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	}
 	r.logf("  %-12s %-22s p50 %7.2f  p99 %7.2f  max %7.2f ms  %6.0f ev/s  cpu %5.1f ms/1k  rss %4.0f MiB  late %d/%d  load %.2f",
 		s.Name, l, res.P50Ms, res.P99Ms, res.MaxMs, res.AchievedRate, res.CPUMsPer1k, res.PeakRSSMiB, res.LatePartition, res.LateKey, res.LoadAfter)
+	if res.Stages != nil {
+		r.logf("  %-12s %-22s %s", "", "", res.Stages)
+	}
 	return res
 }
 

@@ -125,17 +125,25 @@ func freePort() int {
 
 // launch starts source s publishing from slot slotName through publication
 // pubName: outboxd, or Debezium's worker. done cleans up after it exited.
-func (r *runner) launch(db *database, slotName, pubName string, s source) (p *testproc.Proc, done func(), err error) {
+//
+// outboxd serves its metrics (and with -pprof its profiler) on metrics, so a
+// cell can read where its time went (stages.go); Debezium's is "".
+func (r *runner) launch(db *database, slotName, pubName string, s source) (p *testproc.Proc, done func(), metrics string, err error) {
 	if s.Debezium {
-		return r.launchDebezium(db, slotName, pubName, s)
+		p, done, err = r.launchDebezium(db, slotName, pubName, s)
+		return p, done, "", err
 	}
+	metrics = fmt.Sprintf("127.0.0.1:%d", freePort())
 	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
-		"--slot", slotName, "--publication", pubName, "--log-level", "info"}
+		"--slot", slotName, "--publication", pubName, "--log-level", "info", "--metrics-addr", metrics}
+	if r.pprofDir != "" {
+		args = append(args, "--pprof")
+	}
 	args = append(args, s.args()...)
-	// A diagnostic hook: extra flags for the publisher, e.g. --metrics-addr.
+	// A diagnostic hook: extra flags for the publisher.
 	args = append(args, strings.Fields(os.Getenv("BENCH_PUBLISHER_ARGS"))...)
 	p, err = testproc.Launch(r.bin, args)
-	return p, func() {}, err
+	return p, func() {}, metrics, err
 }
 
 // cleanExit reports whether a publisher's exit code after SIGTERM is a

@@ -220,7 +220,7 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		return res
 	}
 	started := time.Now()
-	pub, done, err := r.launch(db, slotName, pubName, s)
+	pub, done, _, err := r.launch(db, slotName, pubName, s)
 	if err != nil {
 		res.Err = err.Error()
 		return res

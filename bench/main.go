@@ -45,6 +45,7 @@ func benchMain(args []string) error {
 	sources := fs.String("sources", "", "comma-separated sources instead of the plan's: cdc, cdc-linger-DURATION, poll-DURATION, poll-DURATION-bBATCH")
 	loads := fs.String("loads", "", "comma-separated loads to run as RATExROWS, e.g. 1000x1,5000x10 (default all)")
 	only := fs.String("only", "", "run only latency (\"latency\"), the drains (\"drain\") or the consumer (\"consumer\")")
+	pprofDir := fs.String("pprof", "", "write a CPU profile of outboxd from the middle of each latency window to this folder (outboxd --pprof)")
 	profile := fs.String("profile", "", "instead of the matrix: profile the CDC and poll drains in-process, writing pprof files to this folder")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -134,7 +135,7 @@ func benchMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	rep, err := run(ctx, runner{stack: st, bin: *bin, self: self, plan: p, logf: logf})
+	rep, err := run(ctx, runner{stack: st, bin: *bin, self: self, plan: p, logf: logf, pprofDir: *pprofDir})
 	if err != nil {
 		return err
 	}

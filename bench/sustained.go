@@ -98,7 +98,11 @@ func bottleneck(c latencyResult) string {
 			top, topV = k, v
 		}
 	}
-	return fmt.Sprintf("p99 %.0f ms at %.0f ev/s; busiest: %s (%.2f cores); %s", c.P99Ms, c.AchievedRate, top, topV, shares)
+	where := ""
+	if side := c.Stages.side(); side != "" {
+		where = fmt.Sprintf("; the time is spent %s: %s", side, c.Stages)
+	}
+	return fmt.Sprintf("p99 %.0f ms at %.0f ev/s%s; busiest: %s (%.2f cores); %s", c.P99Ms, c.AchievedRate, where, top, topV, shares)
 }
 
 func formatShares(m map[string]float64) string {

@@ -18,8 +18,10 @@ type fakeTxn struct {
 	end    pglogrepl.LSN
 	events []replication.Message
 	// gate, when set, holds the transaction after its first event until
-	// closed: a stop requested then finds a transaction in hand.
-	gate chan struct{}
+	// closed: a stop requested then finds a transaction in hand. atGate,
+	// when set, is closed once the first event was handed over and the
+	// transaction waits at the gate.
+	gate, atGate chan struct{}
 }
 
 // fakeServer is the Postgres side of the service tests: a WAL of committed
@@ -220,6 +222,9 @@ func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message
 				return err
 			}
 			if i == 0 && t.gate != nil {
+				if t.atGate != nil {
+					close(t.atGate)
+				}
 				select {
 				case <-t.gate:
 				case <-progress.Done():

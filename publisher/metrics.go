@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -24,8 +25,9 @@ type Metrics struct {
 	ReceivedLSN    prometheus.Gauge
 	CommitToAck    prometheus.Histogram
 	// CommitToReceive is the PostgreSQL side of CommitToAck: commit → the
-	// event decoded by outboxd (the walsender's decoding, the network,
-	// outboxd's reader). CommitToAck minus it is the Kafka side.
+	// stream read the transaction off the connection (the walsender's
+	// decoding and sending, the network). CommitToAck minus it is outboxd's
+	// own queueing and Kafka.
 	CommitToReceive prometheus.Histogram
 	Restarts        *prometheus.CounterVec
 	Standby         prometheus.Gauge
@@ -87,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		CommitToReceive: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "outboxd_commit_to_receive_seconds",
-			Help:    "Time from the Postgres commit to outboxd having decoded the event: the PostgreSQL side of outboxd_commit_to_ack_seconds (walsender, network, reader).",
+			Help:    "Time from the Postgres commit to outboxd reading the transaction off the replication connection, per event: the PostgreSQL side of outboxd_commit_to_ack_seconds (walsender, network).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		ProduceRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -227,8 +229,14 @@ func (m *Metrics) ObserveSlot(p SlotPoll) {
 // SlotPollFailed counts a failed poll; the slot metrics keep their last values.
 func (m *Metrics) SlotPollFailed() { m.SlotPolls.WithLabelValues("error").Inc() }
 
-func (m *Metrics) observeReceived(commit time.Time) {
-	m.CommitToReceive.Observe(time.Since(commit).Seconds())
+// observeReceived observes one event of the transaction b: from its commit
+// to when the stream read its Begin (or now, for a source that does not say).
+func (m *Metrics) observeReceived(b replication.Begin) {
+	at := b.Received
+	if at.IsZero() {
+		at = time.Now()
+	}
+	m.CommitToReceive.Observe(at.Sub(b.CommitTime).Seconds())
 }
 
 func (m *Metrics) observeLatency(commit time.Time) {

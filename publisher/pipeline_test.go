@@ -117,6 +117,7 @@ func TestPipelineMapsEventToRecord(t *testing.T) {
 	m.Event.EventType = "order.created"
 	h.in <- begin()
 	h.in <- m
+	h.in <- commit(2000)
 	r := h.next()
 	if r.Topic != "orders" || string(r.Key) != "order-7" || string(r.Value) != `{"n":1}` {
 		t.Fatalf("record %q %q %q", r.Topic, r.Key, r.Value)
@@ -141,6 +142,7 @@ func TestPipelineUsesDefaultTopicForRowsWithoutTopic(t *testing.T) {
 	h := startPipeline(t, cfg, nil)
 	h.in <- begin()
 	h.in <- event(1, "a", "")
+	h.in <- commit(2000)
 	if r := h.next(); r.Topic != "fallback" {
 		t.Fatalf("topic %q, want fallback", r.Topic)
 	}
@@ -169,6 +171,7 @@ func TestPipelinePoisonHaltsWithClearErrorWithoutDeadLetterTopic(t *testing.T) {
 	h := startPipeline(t, DefaultConfig(), nil)
 	h.in <- begin()
 	h.in <- event(7, "a", "t")
+	h.in <- commit(2000)
 	r := h.next()
 	h.prod.fail(r, poison(r, sarama.ErrMessageSizeTooLarge))
 	err := h.result()
@@ -272,6 +275,7 @@ func TestPipelineKeepsPerKeySendOrder(t *testing.T) {
 	for i := int64(1); i <= 50; i++ {
 		h.in <- event(i, "k", "t")
 	}
+	h.in <- commit(2000)
 	for i := int64(1); i <= 50; i++ {
 		if r := h.next(); r.OutboxID != i {
 			t.Fatalf("sent outbox id %d at position %d", r.OutboxID, i)
@@ -321,6 +325,7 @@ func TestPipelineHookDoesNotRunWhenPublishFails(t *testing.T) {
 	h := startPipelineWithHook(t, DefaultConfig(), nil, hook)
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
+	h.in <- commit(2000)
 	r := h.next()
 	h.prod.fail(r, &kafka.ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
 	if err := h.result(); !errors.Is(err, kafka.ErrProduce) {
@@ -391,6 +396,7 @@ func TestPipelineFailureReleasesSendBlockedOnProducerInput(t *testing.T) {
 	in <- begin()
 	in <- event(1, "a", "t")
 	in <- event(2, "a", "t")
+	in <- commit(2000)
 	r1 := <-prod.sentCh
 	<-prod.entered
 	prod.fail(r1, &kafka.ProduceError{OutboxID: 1, Topic: "t", Err: sarama.ErrNotEnoughReplicas})
@@ -438,21 +444,29 @@ func (b *batchingProducer) SendBatch(ctx context.Context, rs []*kafka.Record) er
 	return nil
 }
 
-// A transaction whose messages are already waiting reaches the producer in
-// one SendBatch, so its records can share requests.
-func TestPipelineHandsAWaitingTransactionToTheProducerAtOnce(t *testing.T) {
-	in := make(chan replication.Message, 100)
-	in <- begin()
-	for i := int64(1); i <= 10; i++ {
-		in <- event(i, fmt.Sprintf("k%d", i), "t")
-	}
-	in <- commit(2000)
+// A transaction reaches the producer in one SendBatch at its commit, so its
+// records share requests: also when its messages trickle in one by one with
+// the reader's input empty in between (as when the reader keeps up with the
+// walsender). Sent record by record, each would take a produce request of
+// its own, and under load the requests alone saturated the broker.
+func TestPipelineHandsATransactionToTheProducerAtItsCommit(t *testing.T) {
+	in := make(chan replication.Message)
 	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
 	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- p.Run(ctx, in) }()
+	in <- begin()
+	for i := int64(1); i <= 10; i++ {
+		in <- event(i, fmt.Sprintf("k%d", i), "t") // unbuffered: the reader took it
+	}
+	select {
+	case n := <-prod.batches:
+		t.Fatalf("a batch of %d records before the commit", n)
+	default:
+	}
+	in <- commit(2000)
 	select {
 	case n := <-prod.batches:
 		if n != 10 {
@@ -474,6 +488,29 @@ func TestPipelineHandsAWaitingTransactionToTheProducerAtOnce(t *testing.T) {
 	close(in)
 	if err := <-errc; err != nil {
 		t.Fatalf("Run() = %v", err)
+	}
+}
+
+// A transaction larger than maxPending goes out every maxPending records,
+// before its commit arrives.
+func TestPipelineHandsALargeTransactionOverInParts(t *testing.T) {
+	in := make(chan replication.Message)
+	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
+	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = p.Run(ctx, in) }()
+	in <- begin()
+	for i := int64(1); i <= maxPending; i++ {
+		in <- event(i, "k", "t")
+	}
+	select {
+	case n := <-prod.batches:
+		if n != maxPending {
+			t.Fatalf("batch of %d records, want %d", n, maxPending)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no batch before the commit of a transaction past maxPending")
 	}
 }
 

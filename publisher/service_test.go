@@ -548,18 +548,22 @@ func TestServicePoisonWithDeadLetterTopicDoesNotHalt(t *testing.T) {
 // and Run returns nil.
 func TestServiceCleanStopFinishesTheTransactionInHandAndWaitsForAcks(t *testing.T) {
 	srv := newFakeServer(0x10)
-	gate := make(chan struct{})
-	srv.commitTxn(fakeTxn{end: 0x100, events: []replication.Message{event(1, "a", "t"), event(2, "b", "t")}, gate: gate})
+	gate, atGate := make(chan struct{}), make(chan struct{})
+	srv.commitTxn(fakeTxn{end: 0x100, events: []replication.Message{event(1, "a", "t"), event(2, "b", "t")}, gate: gate, atGate: atGate})
 	srv.commit(0x200, event(3, "a", "t"))
 	h := newSvcHarness(t, srv, newSvcKafka(func(int, *kafka.Record) (fate, error) { return manual, nil }))
 	h.start(svcConfig())
-	first := h.nextManual()
+	select {
+	case <-atGate: // the first event is out, the transaction in hand
+	case <-time.After(5 * time.Second):
+		t.Fatal("the transaction never reached its gate")
+	}
 	h.cancel()
 	waitUntil(t, "the shutdown to begin", func() bool { return h.countLogs("shutting down") == 1 })
 	close(gate)
-	second := h.nextManual()
-	if second.r.OutboxID != 2 {
-		t.Fatalf("sent outbox id %d after the stop, want 2 (the rest of the transaction in hand)", second.r.OutboxID)
+	first, second := h.nextManual(), h.nextManual()
+	if first.r.OutboxID != 1 || second.r.OutboxID != 2 {
+		t.Fatalf("sent outbox ids %d, %d after the stop, want 1, 2 (the transaction in hand)", first.r.OutboxID, second.r.OutboxID)
 	}
 	select {
 	case err := <-h.errc:

@@ -61,6 +61,11 @@ type Begin struct {
 	// FinalLSN is the LSN of the transaction's commit record.
 	FinalLSN   pglogrepl.LSN
 	CommitTime time.Time
+	// Received is when the Stream read the Begin off the connection (zero
+	// from the Decoder alone): Received − CommitTime is the PostgreSQL side
+	// of the latency (the walsender's decoding and sending, the network),
+	// before anything in outboxd could be slow.
+	Received time.Time
 }
 
 // Commit marks the end of a transaction. EndLSN (the position just past the

@@ -464,6 +464,9 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 			return errStopped
 		}
 		m.WALStart = xld.WALStart
+		if m.Kind == KindBegin {
+			m.Begin.Received = time.Now()
+		}
 		if err := s.deliver(ctx, out, m, progress, st); err != nil {
 			return err
 		}

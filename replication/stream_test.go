@@ -97,10 +97,16 @@ func TestStreamFlushIsCommitEndLSN(t *testing.T) {
 	p := newFakeProgress(0x1000)
 	r := startRun(t, f, s, 16, p)
 	txn := newTxn(0x2000, 7, 1)
+	sent := time.Now()
 	f.sendTxn(txn)
 	var c Message
 	for c.Kind != KindCommit {
 		c = r.recv(soon)
+		// The Begin says when it was read off the connection (the
+		// PostgreSQL side of the latency metrics).
+		if c.Kind == KindBegin && (c.Begin.Received.Before(sent) || c.Begin.Received.After(time.Now())) {
+			t.Fatalf("Begin.Received %v, want between sending (%v) and now", c.Begin.Received, sent)
+		}
 	}
 	if c.Commit.EndLSN != txn.endLSN || c.Commit.CommitLSN != txn.commitLSN {
 		t.Fatalf("commit: end %s commit %s, want end %s commit %s", c.Commit.EndLSN, c.Commit.CommitLSN, txn.endLSN, txn.commitLSN)
