@@ -159,7 +159,9 @@ func histQuantile(q float64, bs []bucket) float64 {
 // neither histogram (the poll source) or nothing was observed.
 func stagesBetween(before, after histograms) *stageLatency {
 	rcv, ack := since(after[histReceive], before[histReceive]), since(after[histAck], before[histAck])
-	if len(ack) == 0 || len(rcv) == 0 || ack[len(ack)-1].count <= 0 {
+	// Both must have seen the window's events: the poll source observes
+	// commit → ack only.
+	if len(ack) == 0 || len(rcv) == 0 || ack[len(ack)-1].count <= 0 || rcv[len(rcv)-1].count <= 0 {
 		return nil
 	}
 	ms := func(v float64) float64 { return math.Round(v*1e5) / 100 }

@@ -64,6 +64,10 @@ func TestStagesBetweenScrapes(t *testing.T) {
 	if got := stagesBetween(h1, h1); got != nil {
 		t.Fatalf("no events in the window, got %+v", got)
 	}
+	pollOnly := histograms{histAck: h1[histAck]}
+	if got := stagesBetween(histograms{histAck: h0[histAck]}, pollOnly); got != nil {
+		t.Fatalf("commit → ack alone (the poll source), got %+v", got)
+	}
 	if got := stagesBetween(nil, nil); got != nil {
 		t.Fatalf("no histograms (poll), got %+v", got)
 	}
