@@ -189,7 +189,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 		txn:     txnState{added: map[topicPartition]bool{}},
 		in:      make(chan *Record, 256),
 		inBatch: make(chan []*Record, 64),
-		resp:    make(chan produceResponse),
+		resp:    make(chan produceResponse, 64),
 		meta:    make(chan topicMeta),
 		closing: make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -736,16 +736,26 @@ func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 		}
 		// AsyncProduce, unlike Produce, does not hold the broker's lock while
 		// it waits for the response, so Close can abort a request to a broker
-		// that stopped answering.
-		done := make(chan produceResponse, 1)
+		// that stopped answering. Its callback runs on the broker's response
+		// reader and hands the response straight to run: p.resp has room
+		// for more requests than are ever in flight (one per broker), and
+		// should it not, a goroutine waits instead, never the reader.
 		err := b.AsyncProduce(req, func(resp *sarama.ProduceResponse, err error) {
-			done <- produceResponse{broker: b, parts: parts, resp: resp, err: err}
+			p.respond(produceResponse{broker: b, parts: parts, resp: resp, err: err})
 		})
 		if err != nil {
-			done <- produceResponse{broker: b, parts: parts, err: err}
+			p.respond(produceResponse{broker: b, parts: parts, err: err})
 		}
-		p.resp <- <-done
 	}()
+}
+
+// respond hands a request's outcome to run without ever blocking the caller.
+func (p *Producer) respond(pr produceResponse) {
+	select {
+	case p.resp <- pr:
+	default:
+		go func() { p.resp <- pr }()
+	}
 }
 
 // newBatch takes the next records of ps's queue, up to MaxMessageBytes.
