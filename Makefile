@@ -132,7 +132,7 @@ bench: deps
 
 ## bench-sustained: the highest rate outboxd keeps up with (p99 < 100 ms over
 ## 60 s windows) for 1-row and 100-row transactions, and the bottleneck there
-## (~10-15 min): bin/bench-sustained/results.md
+## (~9 min): bin/bench-sustained/results.md
 bench-sustained: deps
 	@set -euo pipefail; \
 	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
