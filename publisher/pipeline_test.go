@@ -444,19 +444,28 @@ func (b *batchingProducer) SendBatch(ctx context.Context, rs []*kafka.Record) er
 	return nil
 }
 
+// startBatchingPipeline runs a pipeline on an unbuffered input (each send
+// returns once the pipeline took the message) and a producer that reports
+// the size of every SendBatch.
+func startBatchingPipeline(t *testing.T) (chan<- replication.Message, *batchingProducer, *Pipeline, <-chan error) {
+	t.Helper()
+	in := make(chan replication.Message)
+	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
+	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	errc := make(chan error, 1)
+	go func() { errc <- p.Run(ctx, in) }()
+	return in, prod, p, errc
+}
+
 // A transaction reaches the producer in one SendBatch at its commit, so its
 // records share requests: also when its messages trickle in one by one with
 // the reader's input empty in between (as when the reader keeps up with the
 // walsender). Sent record by record, each would take a produce request of
 // its own, and under load the requests alone saturated the broker.
 func TestPipelineHandsATransactionToTheProducerAtItsCommit(t *testing.T) {
-	in := make(chan replication.Message)
-	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
-	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	errc := make(chan error, 1)
-	go func() { errc <- p.Run(ctx, in) }()
+	in, prod, p, errc := startBatchingPipeline(t)
 	in <- begin()
 	for i := int64(1); i <= 10; i++ {
 		in <- event(i, fmt.Sprintf("k%d", i), "t") // unbuffered: the reader took it
@@ -494,12 +503,7 @@ func TestPipelineHandsATransactionToTheProducerAtItsCommit(t *testing.T) {
 // A transaction larger than maxPending goes out every maxPending records,
 // before its commit arrives.
 func TestPipelineHandsALargeTransactionOverInParts(t *testing.T) {
-	in := make(chan replication.Message)
-	prod := &batchingProducer{fakeProducer: newFakeProducer(), batches: make(chan int, 100)}
-	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 1000, nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = p.Run(ctx, in) }()
+	in, prod, _, _ := startBatchingPipeline(t)
 	in <- begin()
 	for i := int64(1); i <= maxPending; i++ {
 		in <- event(i, "k", "t")
