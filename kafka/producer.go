@@ -234,14 +234,7 @@ func produceVersion(v sarama.KafkaVersion) int16 {
 
 // Send implements Producer. It blocks while the producer's input is full.
 func (p *Producer) Send(ctx context.Context, r *Record) error {
-	select {
-	case p.in <- r:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-p.closing:
-		return ErrProducerClosed
-	}
+	return enqueue(ctx, p.in, r, p.closing)
 }
 
 // SendBatch enqueues rs, in order, at once: the producer takes them all
@@ -251,12 +244,25 @@ func (p *Producer) Send(ctx context.Context, r *Record) error {
 // Records sent with SendBatch and with Send may be taken in either order:
 // send a partition's records through one of them only.
 func (p *Producer) SendBatch(ctx context.Context, rs []*Record) error {
+	return enqueue(ctx, p.inBatch, rs, p.closing)
+}
+
+// enqueue hands v to the run loop through in, waiting while in is full
+// until ctx ends or the producer closes. Closed first: with room in in, a
+// select alone could take v after Close, and after run's last drain nothing
+// would ever answer for it.
+func enqueue[T any](ctx context.Context, in chan<- T, v T, closing <-chan struct{}) error {
 	select {
-	case p.inBatch <- rs:
+	case <-closing:
+		return ErrProducerClosed
+	default:
+	}
+	select {
+	case in <- v:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-p.closing:
+	case <-closing:
 		return ErrProducerClosed
 	}
 }

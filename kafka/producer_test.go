@@ -574,3 +574,29 @@ func TestKafkaProducerSendBatchSharesARequest(t *testing.T) {
 		t.Fatalf("%d produce requests with %d batches, want 1 request with one batch per partition (3)", f.log.requests, len(f.log.batches))
 	}
 }
+
+// Send and SendBatch never wait with no way out: after Close they refuse
+// with ErrProducerClosed, and a cancelled context ends them.
+func TestProducerSendEndsOnCloseAndOnContext(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// A cancelled context: the input may have room, so either outcome of
+	// the select is allowed once; a full input must end on ctx.
+	for range cap(p.inBatch) + 1 {
+		if err := p.SendBatch(ctx, []*Record{rec(1, "t", "a")}); err != nil {
+			if !errors.Is(err, context.Canceled) {
+				t.Fatalf("SendBatch with a cancelled context = %v, want context.Canceled", err)
+			}
+			break
+		}
+	}
+	p.Close()
+	if err := p.Send(context.Background(), rec(2, "t", "a")); !errors.Is(err, ErrProducerClosed) {
+		t.Fatalf("Send after Close = %v, want ErrProducerClosed", err)
+	}
+	if err := p.SendBatch(context.Background(), []*Record{rec(3, "t", "a")}); !errors.Is(err, ErrProducerClosed) {
+		t.Fatalf("SendBatch after Close = %v, want ErrProducerClosed", err)
+	}
+}
