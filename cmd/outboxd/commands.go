@@ -24,6 +24,7 @@ Usage:
                                  after a lost slot; --resume: then run, accepting the gap
   outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
+  outboxd version                the version, commit and Go version of this binary
   outboxd help                   this text
 
 Every flag can also be set as an environment variable: OUTBOXD_ and the flag's
@@ -45,9 +46,12 @@ func dispatch(ctx context.Context, args []string) error {
 		return cmdMigrate(ctx, rest)
 	case "slot":
 		if len(rest) == 0 {
-			return fmt.Errorf("slot needs a subcommand: create, drop or status")
+			return usageErrorf("slot needs a subcommand: create, drop or status")
 		}
 		switch rest[0] {
+		case "help", "-h", "--help":
+			fmt.Fprint(os.Stdout, slotUsage)
+			return nil
 		case "create":
 			return cmdSlotCreate(ctx, rest[1:])
 		case "drop":
@@ -55,7 +59,8 @@ func dispatch(ctx context.Context, args []string) error {
 		case "status":
 			return cmdSlotStatus(ctx, rest[1:])
 		}
-		return fmt.Errorf("unknown slot subcommand %q: use create, drop or status", rest[0])
+		return usageErrorf("unknown slot subcommand %q%s: use create, drop or status", rest[0],
+			didYouMean(rest[0], "create", "drop", "status"))
 	case "status":
 		return cmdStatus(ctx, rest)
 	case "replay":
@@ -63,13 +68,45 @@ func dispatch(ctx context.Context, args []string) error {
 	case "prune":
 		return cmdPrune(ctx, rest)
 	case "config":
+		if len(rest) > 0 && (rest[0] == "help" || rest[0] == "-h" || rest[0] == "--help") {
+			fmt.Fprint(os.Stdout, "Usage: outboxd config check [run flags]\n\nValidates the settings of outboxd run (flags, OUTBOXD_* environment, --config file)\nand prints them with the source of each value, secrets redacted.\nSee \"outboxd run --help\" for the flags.\n")
+			return nil
+		}
 		if len(rest) == 0 || rest[0] != "check" {
-			return fmt.Errorf("config needs a subcommand: check")
+			return usageErrorf("config needs a subcommand: check")
 		}
 		return cmdConfigCheck(ctx, rest[1:])
 	case "help", "-h", "--help":
+		if len(rest) > 0 && rest[0] != "help" {
+			return dispatch(ctx, []string{rest[0], "--help"})
+		}
 		fmt.Fprint(os.Stdout, usage)
 		return nil
+	case "version", "--version", "-version":
+		return cmdVersion(os.Stdout)
 	}
-	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "replay", "prune", "config", "help"}, ", "))
+	return usageErrorf("unknown command %q%s (commands: %s)", cmd, didYouMean(cmd, commandNames...), strings.Join(commandNames, ", "))
+}
+
+var commandNames = []string{"run", "migrate", "slot", "status", "replay", "prune", "config", "version", "help"}
+
+const slotUsage = `Usage:
+  outboxd slot create [flags]    create the publication and the replication slot
+  outboxd slot drop [flags]      drop the replication slot (and, with --publication-too, the publication)
+  outboxd slot status [flags]    show the slot, its lag and retained WAL
+
+Run "outboxd slot <subcommand> --help" for its flags.
+`
+
+// didYouMean returns " (did you mean X?)" for the name in names nearest to
+// got, or "" when none is near.
+func didYouMean(got string, names ...string) string {
+	known := map[string]bool{}
+	for _, n := range names {
+		known[n] = true
+	}
+	if s := suggest(got, known); s != "" {
+		return fmt.Sprintf(" (did you mean %q?)", s)
+	}
+	return ""
 }

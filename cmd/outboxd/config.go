@@ -16,7 +16,6 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/outboxd/outboxd/publisher"
 )
 
 // Settings come from four places. For each flag the first that has it wins:
@@ -223,7 +222,7 @@ func resolve(fs *flag.FlagSet, set map[string]bool, lookupEnv func(string) (stri
 			if v, ok := lookupEnv(envName(f.Name)); ok {
 				sources[f.Name] = sourceEnv
 				if err := f.Value.Set(v); err != nil {
-					errs = append(errs, fmt.Errorf("%s=%s: %w", envName(f.Name), quoteSetting(f.Name, v), err))
+					errs = append(errs, fmt.Errorf("%s=%s: %w", envName(f.Name), quoteSetting(f.Name, v), durationHint(f, err)))
 				}
 				return
 			}
@@ -240,7 +239,7 @@ func resolve(fs *flag.FlagSet, set map[string]bool, lookupEnv func(string) (stri
 			for _, v := range vals {
 				if err := f.Value.Set(v); err != nil {
 					errs = append(errs, &ConfigError{Path: path, Line: fv.line,
-						Msg: fmt.Sprintf("%s: %s", f.Name, quoteSetting(f.Name, v)), Err: err})
+						Msg: fmt.Sprintf("%s: %s", f.Name, quoteSetting(f.Name, v)), Err: durationHint(f, err)})
 				}
 			}
 		}
@@ -313,6 +312,7 @@ func cmdConfigCheck(_ context.Context, args []string) error {
 	var o options
 	fs := newFlagSet("config check", &o)
 	addRunFlags(fs, &o)
+	warnUnknownEnv(os.Stderr, lookupEnvNames())
 	sources, err := parseSources(fs, args, os.LookupEnv)
 	if err != nil {
 		return err
@@ -342,12 +342,9 @@ func cmdConfigCheck(_ context.Context, args []string) error {
 		}
 		fmt.Fprintf(w, "%s: %s # %s\n", f.Name, val, src)
 	}
-	kcfg, kerr := o.kafkaConfig()
-	_, herr := publisher.ParseHooks(o.hooks)
-	_, lerr := o.logger(io.Discard)
-	serr := o.shape()
-	if err := errors.Join(o.validateCommon(), kerr, serr, o.pub.Validate(), o.streamConfig().Validate(), herr, lerr); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
+	kcfg, err := o.validateRun()
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stderr, "config check: valid (Kafka %s: %s)\n", strings.Join(kcfg.Brokers, ","), o.kafkaSec.Describe())
 	return nil

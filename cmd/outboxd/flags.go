@@ -85,7 +85,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	o.retention = retention.DefaultConfig()
 	fs.DurationVar(&o.retention.OlderThan, "retention", 0, "delete outbox rows older than this, in batches off the hot path (0: never; their INSERTs are in WAL already, so CDC loses nothing; keep them as long as a replay may need them)")
 	fs.DurationVar(&o.retention.Interval, "retention-interval", o.retention.Interval, "with --retention: how often to delete")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9187); empty: off")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9652); empty: off")
 	fs.BoolVar(&o.pprof, "pprof", false, "with --metrics-addr: also serve Go's profiler under /debug/pprof/ (CPU, heap, goroutines)")
 	addPollFlags(fs, o)
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
@@ -112,26 +112,26 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 // parse parses args, then fills every flag not given on the command line
 // from its OUTBOXD_* environment variable, else from the --config file.
 func parse(fs *flag.FlagSet, args []string) error {
+	warnUnknownEnv(os.Stderr, lookupEnvNames())
 	_, err := parseSources(fs, args, os.LookupEnv)
 	return err
 }
 
 // parseSources is parse, reporting where each setting came from.
 func parseSources(fs *flag.FlagSet, args []string, lookupEnv func(string) (string, bool)) (map[string]string, error) {
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
-		fs.VisitAll(func(f *flag.Flag) {
-			fmt.Fprintf(fs.Output(), "  --%s (env %s, default %q)\n    \t%s\n", f.Name, envName(f.Name), f.DefValue, f.Usage)
-		})
-	}
+	// The flag package's own messages go nowhere: help goes to stdout (exit
+	// 0), a bad command line is one line on stderr (exit 2).
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return nil, errUsage
+			printHelp(os.Stdout, fs)
+			return nil, errHelp
 		}
-		return nil, err
+		return nil, parseError(fs, err)
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		return nil, usageErrorf("unexpected arguments: %s; see %q", strings.Join(fs.Args(), " "), fs.Name()+" --help")
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -18,7 +18,14 @@ func main() {
 	gometrics.UseNilMetrics = true
 	ctx := context.Background()
 	if err := dispatch(ctx, os.Args[1:]); err != nil {
-		if errors.Is(err, errUsage) {
+		var uerr *UsageError
+		switch {
+		case errors.Is(err, errHelp):
+			return
+		case errors.Is(err, errUsage):
+			os.Exit(2)
+		case errors.As(err, &uerr):
+			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 			os.Exit(2)
 		}
 		fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)

@@ -70,6 +70,7 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg)
 	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
 	deps := poll.Deps{
 		NewProducer: func() (publisher.Producer, error) {

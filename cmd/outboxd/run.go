@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -37,10 +36,9 @@ func cmdRun(ctx context.Context, args []string) error {
 
 // runCDC is `outboxd run` with its options parsed (also after a replay).
 func runCDC(ctx context.Context, o *options) error {
-	kcfg, kerr := o.kafkaConfig()
-	serr := o.shape()
-	if err := errors.Join(o.validateCommon(), kerr, serr, o.pub.Validate(), o.streamConfig().Validate()); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
+	kcfg, err := o.validateRun()
+	if err != nil {
+		return err
 	}
 	logger, err := o.logger(os.Stderr)
 	if err != nil {
@@ -62,6 +60,7 @@ func runCDC(ctx context.Context, o *options) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg)
 	metrics := publisher.NewMetrics(reg)
 	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
 

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/publisher"
+)
+
+// validateRun checks everything about `outboxd run`'s settings that can be
+// known without connecting anywhere. run and `config check` call it alike,
+// so that a configuration config check calls valid is one run accepts.
+// It returns the Kafka configuration the settings make.
+func (o *options) validateRun() (kafka.Config, error) {
+	kcfg, kerr := o.kafkaConfig()
+	_, herr := publisher.ParseHooks(o.hooks)
+	_, lerr := o.logger(io.Discard)
+	errs := []error{o.validateCommon(), o.validateDSN(), kerr, validateBrokers(kcfg.Brokers),
+		o.shape(), o.pub.Validate(), o.streamConfig().Validate(), herr, lerr, o.validateCombinations()}
+	if o.poll.source == sourcePoll {
+		_, perr := o.pollConfig()
+		errs = append(errs, perr)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return kcfg, fmt.Errorf("invalid configuration: %w", err)
+	}
+	return kcfg, nil
+}
+
+// validateDSN parses --pg-dsn as run would, with a message that names the
+// problem without quoting a password.
+func (o *options) validateDSN() error {
+	dsn := strings.TrimSpace(o.pgDSN)
+	if dsn == "" {
+		return nil // validateCommon says it
+	}
+	if i := strings.Index(dsn, "://"); i > 0 && !strings.ContainsAny(dsn[:i], " =") {
+		scheme := dsn[:i]
+		if scheme != "postgres" && scheme != "postgresql" {
+			return fmt.Errorf("--pg-dsn: a %s:// URL is not a PostgreSQL connection string: use postgres://user@host:5432/dbname or 'host=... dbname=...'", scheme)
+		}
+		if _, err := url.Parse(dsn); err != nil {
+			return fmt.Errorf("--pg-dsn: not a valid URL (%s): check its quoting, e.g. a password with / or @ must be percent-encoded", redactURLError(err))
+		}
+	}
+	if _, err := pgconn.ParseConfig(dsn); err != nil {
+		var perr *pgconn.ParseConfigError
+		msg := "cannot be parsed"
+		if errors.As(err, &perr) && perr.Unwrap() != nil {
+			msg = redactURLError(perr.Unwrap())
+		}
+		return fmt.Errorf("--pg-dsn: %s: want postgres://user@host:5432/dbname or 'host=... port=5432 dbname=... user=...'", msg)
+	}
+	return nil
+}
+
+// redactURLError is an error's text without the URL the url package quotes
+// (which can hold a password).
+func redactURLError(err error) string {
+	var uerr *url.Error
+	if errors.As(err, &uerr) {
+		return uerr.Err.Error()
+	}
+	return err.Error()
+}
+
+// validateBrokers checks that every broker is host:port.
+func validateBrokers(brokers []string) error {
+	var errs []error
+	for _, b := range brokers {
+		host, port, err := net.SplitHostPort(b)
+		if err != nil || host == "" {
+			errs = append(errs, fmt.Errorf("--kafka-brokers: %q is not host:port (e.g. kafka-1:9092)", b))
+			continue
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			errs = append(errs, fmt.Errorf("--kafka-brokers: %q: port %q is not a number from 1 to 65535", b, port))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateCombinations refuses settings that contradict each other or would
+// be ignored silently.
+func (o *options) validateCombinations() error {
+	var errs []error
+	if o.poll.source == sourcePoll && o.pub.Delivery == publisher.ExactlyOnce {
+		errs = append(errs, errors.New("--source=poll publishes at-least-once only: drop --delivery=exactly-once, or use --source=cdc"))
+	}
+	if o.retention.OlderThan < 0 {
+		errs = append(errs, fmt.Errorf("--retention %s: must be positive (e.g. 168h), or 0 to keep every row", o.retention.OlderThan))
+	}
+	if o.retention.OlderThan > 0 && o.retention.Interval <= 0 {
+		errs = append(errs, fmt.Errorf("--retention-interval %s: must be > 0", o.retention.Interval))
+	}
+	if o.poll.workers < 1 {
+		errs = append(errs, fmt.Errorf("--poll-workers %d: must be ≥ 1", o.poll.workers))
+	}
+	if o.poll.batchSize < 1 {
+		errs = append(errs, fmt.Errorf("--poll-batch-size %d: must be ≥ 1", o.poll.batchSize))
+	}
+	if o.poll.interval <= 0 {
+		errs = append(errs, fmt.Errorf("--poll-interval %s: must be > 0", o.poll.interval))
+	}
+	switch o.poll.source {
+	case sourceCDC, sourcePoll, sourceMessages:
+	default:
+		errs = append(errs, fmt.Errorf("--source %q: use %s, %s or %s", o.poll.source, sourceCDC, sourceMessages, sourcePoll))
+	}
+	return errors.Join(errs...)
+}
