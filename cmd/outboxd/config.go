@@ -15,7 +15,6 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
-
 )
 
 // Settings come from four places. For each flag the first that has it wins:
