@@ -10,8 +10,9 @@ STACK := dev/stack
 all: build
 
 ## build: compile the binaries under cmd/ into bin/
+VERSION_LDFLAGS := -X main.commit=$(shell git rev-parse --short=12 HEAD 2>/dev/null) -X main.version=$(shell git describe --tags --always --dirty 2>/dev/null)
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$(VERSION_LDFLAGS)" -o bin/ ./cmd/...
 
 ## deps: install apt packages if missing, fetch the Kafka jars and Go modules
 deps:

@@ -16,8 +16,20 @@ type buildVersion struct {
 	Modified                           bool
 }
 
+// commit and version are set by `make build` (-ldflags -X) where the Go
+// toolchain does not stamp VCS information (GOFLAGS=-buildvcs=false).
+var commit, version string
+
 func readBuildVersion() buildVersion {
 	v := buildVersion{Version: "(unknown)", Revision: "unknown"}
+	defer func() {
+		if commit != "" && v.Revision == "unknown" {
+			v.Revision = commit
+		}
+		if version != "" && (v.Version == "(devel)" || v.Version == "(unknown)") {
+			v.Version = version
+		}
+	}()
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
