@@ -20,8 +20,8 @@ type buildVersion struct {
 // toolchain does not stamp VCS information (GOFLAGS=-buildvcs=false).
 var commit, version string
 
-func readBuildVersion() buildVersion {
-	v := buildVersion{Version: "(unknown)", Revision: "unknown"}
+func readBuildVersion() (v buildVersion) {
+	v = buildVersion{Version: "(unknown)", Revision: "unknown"}
 	defer func() {
 		if commit != "" && v.Revision == "unknown" {
 			v.Revision = commit
