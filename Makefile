@@ -32,8 +32,9 @@ down:
 unit:
 	env -u CI $(GO) test -short -count=1 ./...
 
-## lint: go vet, staticcheck (pinned, run through the module proxy) and
-## shellcheck of the shell scripts
+## lint: go vet, staticcheck (pinned, run through the module proxy),
+## shellcheck of the shell scripts, and deploy/ checked by promtool and
+## kubernetes-validate (dev/stack deploy-check)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SHELL_SCRIPTS := dev/stack examples/demo.sh .ci/run
 lint:
@@ -41,6 +42,7 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	shellcheck $(SHELL_SCRIPTS)
+	$(STACK) deploy-check
 
 ## test: lint, then run every test against a fresh dev stack. The stack is taken
 ## down on every exit path (the EXIT trap), and make still fails when vet or a

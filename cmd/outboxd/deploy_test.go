@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"gopkg.in/yaml.v3"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/publisher"
@@ -63,5 +65,62 @@ func TestExampleConfigFileIsValid(t *testing.T) {
 	t.Parallel()
 	if _, err := readConfigFile(filepath.Join(testenv.RepoRoot(t), "deploy", "outboxd.example.yaml")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Every metric an alert rule names is one outboxd documents (and so
+// exports: docs/operations.md's table is checked against the registry by
+// the dashboard test's count); a renamed metric would leave an alert that
+// never fires.
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	t.Parallel()
+	root := testenv.RepoRoot(t)
+	rules, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops, err := os.ReadFile(filepath.Join(root, "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := regexp.MustCompile(`outboxd_[a-z_]+`).FindAllString(string(rules), -1)
+	if len(names) < 10 {
+		t.Fatalf("only %d metric names in the rules", len(names))
+	}
+	for _, n := range names {
+		if !strings.Contains(string(ops), "`"+n) {
+			t.Errorf("alert rule names %s, which docs/operations.md does not list", n)
+		}
+	}
+}
+
+// The Kubernetes ConfigMap's settings file is one outboxd reads, and the
+// kustomization lists every manifest.
+func TestKubernetesManifestsHoldAValidConfigAndAreAllListed(t *testing.T) {
+	t.Parallel()
+	dir := filepath.Join(testenv.RepoRoot(t), "deploy", "kubernetes")
+	b, err := os.ReadFile(filepath.Join(dir, "configmap.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm struct {
+		Data map[string]string `yaml:"data"`
+	}
+	if err := yaml.Unmarshal(b, &cm); err != nil {
+		t.Fatal(err)
+	}
+	file := writeFile(t, "outboxd.yaml", cm.Data["outboxd.yaml"])
+	if _, err := readConfigFile(file); err != nil {
+		t.Errorf("the ConfigMap's outboxd.yaml: %v", err)
+	}
+	kust, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	for _, f := range files {
+		if base := filepath.Base(f); base != "kustomization.yaml" && !strings.Contains(string(kust), "- "+base) {
+			t.Errorf("kustomization.yaml does not list %s", base)
+		}
 	}
 }
