@@ -208,11 +208,25 @@ type AuthError struct {
 func (e *AuthError) Error() string { return e.Msg + ": " + e.Err.Error() }
 func (e *AuthError) Unwrap() error { return e.Err }
 
+// UnreachableError is Check finding no broker that answers: a wrong
+// address, an unknown host, or Kafka not running.
+type UnreachableError struct {
+	Brokers []string
+	Err     error
+}
+
+func (e *UnreachableError) Error() string {
+	return fmt.Sprintf("Kafka: no broker of --kafka-brokers %s answered (check the addresses and that Kafka runs and listens there): %v",
+		strings.Join(e.Brokers, ","), e.Err)
+}
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
 // Check connects to the brokers once with cfg's settings (at most a
-// minute). A failed authentication or TLS verification is returned as an
-// *AuthError, so that a process stops with one clear error instead of
-// retrying for ever; brokers that are merely unreachable are logged and
-// left to the caller's restarts.
+// minute), as a process starts. A failed authentication or TLS verification
+// is returned as an *AuthError and brokers that do not answer as an
+// *UnreachableError, so that a process stops with one clear error instead of
+// retrying for ever (and before it creates anything); once started, the
+// caller's sessions retry.
 func Check(ctx context.Context, cfg Config, log *zap.Logger) error {
 	sc, err := cfg.Sarama()
 	if err != nil {
@@ -275,9 +289,9 @@ func check(ctx context.Context, sc *sarama.Config, brokers []string, sec Securit
 		return nil
 	}
 	var netErr net.Error
-	if errors.As(err, &netErr) || errors.Is(err, sarama.ErrOutOfBrokers) {
-		log.Warn("Kafka is not reachable yet; the publisher will keep retrying", zap.Strings("brokers", brokers), zap.Error(err))
-		return nil
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) || errors.As(err, &netErr) || errors.Is(err, sarama.ErrOutOfBrokers) {
+		return &UnreachableError{Brokers: brokers, Err: err}
 	}
 	log.Warn("Kafka connection check failed; the publisher will keep retrying", zap.Error(err))
 	return nil

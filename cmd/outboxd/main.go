@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	gometrics "github.com/rcrowley/go-metrics"
 )
@@ -28,7 +29,9 @@ func main() {
 			fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
 			os.Exit(2)
 		}
-		fmt.Fprintf(os.Stderr, "outboxd: %v\n", err)
+		// pgconn puts each host tried on an indented line of its own: one
+		// line per error, for logs and for `| tail -1`.
+		fmt.Fprintf(os.Stderr, "outboxd: %s\n", strings.ReplaceAll(strings.ReplaceAll(err.Error(), ":\n\t", ": "), "\n\t", "; "))
 		os.Exit(1)
 	}
 }

@@ -68,6 +68,14 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	if err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
+	// The same start rule as CDC (start.go): fail fast on what waiting
+	// cannot fix, retry only once started.
+	if err := checkKafkaAtStart(ctx, kcfg, logger); err != nil {
+		return err
+	}
+	if err := checkPollTableAtStart(ctx, o); err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg)

@@ -51,10 +51,12 @@ func runCDC(ctx context.Context, o *options) error {
 		return runPoll(ctx, o, kcfg, logger)
 	}
 
-	if err := prepare(ctx, o, logger); err != nil {
+	// Kafka first: an unreachable broker must not leave a new slot behind
+	// (start.go says what fails fast).
+	if err := checkKafkaAtStart(ctx, kcfg, logger); err != nil {
 		return err
 	}
-	if err := kafka.Check(ctx, kcfg, logger); err != nil {
+	if err := prepare(ctx, o, logger); err != nil {
 		return err
 	}
 

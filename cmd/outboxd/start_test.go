@@ -1,0 +1,73 @@
+package main
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// closedPort is a loopback address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// expectStartFailure runs outboxd and asserts that it exits 1 within the
+// start checks' bound, its last line containing want.
+func expectStartFailure(t *testing.T, want string, args ...string) {
+	t.Helper()
+	d := startDaemon(t, args...)
+	code := d.wait(90 * time.Second)
+	if got := lastLine(d.out.String()); code != 1 || !strings.Contains(got, want) {
+		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and a line containing:\n  %s", code, got, want)
+	}
+}
+
+// TestRunFailsFastAtStart: both sources follow one rule (start.go): what
+// waiting cannot fix ends the process at start with one line, and an
+// unreachable broker never leaves a new slot behind.
+func TestRunFailsFastAtStart(t *testing.T) {
+	t.Parallel()
+	t.Run("cdc, broker unreachable: exit, and no slot created", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		expectStartFailure(t, "at start:", "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
+			"--slot", e.slot, "--publication", e.slot)
+		var slots int
+		c := e.conn()
+		defer c.Close(context.Background())
+		if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&slots); err != nil {
+			t.Fatal(err)
+		}
+		if slots != 0 {
+			t.Errorf("the slot was created although Kafka was unreachable")
+		}
+	})
+	t.Run("poll, database unreachable", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		expectStartFailure(t, "at start: connect to PostgreSQL", "run", "--source", "poll",
+			"--pg-dsn", "postgres://postgres@"+closedPort(t)+"/outboxd?sslmode=disable",
+			"--kafka-brokers", strings.Join(e.brokers, ","))
+	})
+	t.Run("poll, table without published_at", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1) // outboxd migrate, not --source=poll
+		expectStartFailure(t, "has no published_at column, which the polling source needs: run outboxd migrate --source=poll",
+			"run", "--source", "poll", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","))
+	})
+	t.Run("poll, unknown host", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		expectStartFailure(t, "at start: connect to PostgreSQL", "run", "--source", "poll",
+			"--pg-dsn", "postgres://postgres@no-such-host.invalid:5432/x", "--kafka-brokers", strings.Join(e.brokers, ","))
+	})
+}
