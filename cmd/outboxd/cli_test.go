@@ -124,3 +124,27 @@ func TestEveryRunFlagIsInAGroupAndDemoFlagsLast(t *testing.T) {
 		t.Errorf("--kafka-compression is not in the Kafka group")
 	}
 }
+
+// TestBashCompletionCompletesCommandsAndFlags sources the generated script
+// in a real bash and asks it for completions.
+func TestBashCompletionCompletesCommandsAndFlags(t *testing.T) {
+	var script strings.Builder
+	if err := cmdCompletion(&script, []string{"bash"}); err != nil {
+		t.Fatal(err)
+	}
+	file := writeFile(t, "outboxd.bash", script.String())
+	for _, c := range []struct{ words, cword, want string }{
+		{"outboxd sl", "1", "slot"},
+		{"outboxd run --kafka-br", "2", "--kafka-brokers"},
+		{"outboxd slot st", "2", "status"},
+	} {
+		out, err := exec.Command("bash", "-c", `source "$1"; read -ra COMP_WORDS <<< "$2"; COMP_CWORD=$3; _outboxd; echo "${COMPREPLY[*]}"`,
+			"bash", file, c.words, c.cword).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != c.want {
+			t.Errorf("complete %q: %q (%v), want %q", c.words, out, err, c.want)
+		}
+	}
+	if err := cmdCompletion(&script, []string{"fish"}); err == nil {
+		t.Error("an unknown shell was accepted")
+	}
+}

@@ -25,6 +25,7 @@ Usage:
   outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd version                the version, commit and Go version of this binary
+  outboxd completion bash|zsh    a shell completion script (source <(outboxd completion bash))
   outboxd help                   this text
 
 Every flag can also be set as an environment variable: OUTBOXD_ and the flag's
@@ -84,6 +85,8 @@ func dispatch(ctx context.Context, args []string) error {
 		return nil
 	case "version", "--version", "-version":
 		return cmdVersion(os.Stdout)
+	case "completion":
+		return cmdCompletion(os.Stdout, rest)
 	}
 	return usageErrorf("unknown command %q%s (commands: %s)", cmd, didYouMean(cmd, commandNames...), strings.Join(commandNames, ", "))
 }

@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// cmdCompletion prints a shell completion script for bash or zsh:
+//
+//	source <(outboxd completion bash)
+//	outboxd completion zsh > "${fpath[1]}/_outboxd"
+//
+// It completes the commands, the slot and config subcommands, and the flags
+// of run (a superset of the other commands' flags).
+func cmdCompletion(w io.Writer, args []string) error {
+	if len(args) != 1 {
+		return usageErrorf("completion needs a shell: bash or zsh")
+	}
+	flags := make([]string, 0, 96)
+	for k := range knownKeys() {
+		flags = append(flags, "--"+k)
+	}
+	for _, k := range append([]string{configFlag}, commandOnlyKeys...) {
+		flags = append(flags, "--"+k)
+	}
+	slices.Sort(flags)
+	cmds := strings.Join(append(slices.Clone(commandNames), "completion"), " ")
+	switch args[0] {
+	case "bash":
+		_, err := fmt.Fprintf(w, `# bash completion for outboxd: source <(outboxd completion bash)
+_outboxd() {
+	local cur=${COMP_WORDS[COMP_CWORD]}
+	if [[ $COMP_CWORD -eq 1 ]]; then
+		mapfile -t COMPREPLY < <(compgen -W %q -- "$cur")
+	elif [[ $COMP_CWORD -eq 2 && ${COMP_WORDS[1]} == slot ]]; then
+		mapfile -t COMPREPLY < <(compgen -W "create drop status" -- "$cur")
+	elif [[ $COMP_CWORD -eq 2 && ${COMP_WORDS[1]} == config ]]; then
+		mapfile -t COMPREPLY < <(compgen -W "check" -- "$cur")
+	elif [[ $COMP_CWORD -eq 2 && ${COMP_WORDS[1]} == completion ]]; then
+		mapfile -t COMPREPLY < <(compgen -W "bash zsh" -- "$cur")
+	elif [[ $cur == -* ]]; then
+		mapfile -t COMPREPLY < <(compgen -W %q -- "$cur")
+	fi
+}
+complete -o default -F _outboxd outboxd
+`, cmds, strings.Join(flags, " "))
+		return err
+	case "zsh":
+		_, err := fmt.Fprintf(w, `#compdef outboxd
+# zsh completion for outboxd: outboxd completion zsh > "${fpath[1]}/_outboxd"
+_outboxd() {
+	if (( CURRENT == 2 )); then
+		compadd -- %s
+	elif (( CURRENT == 3 )) && [[ $words[2] == slot ]]; then
+		compadd -- create drop status
+	elif (( CURRENT == 3 )) && [[ $words[2] == config ]]; then
+		compadd -- check
+	elif (( CURRENT == 3 )) && [[ $words[2] == completion ]]; then
+		compadd -- bash zsh
+	elif [[ $PREFIX == -* ]]; then
+		compadd -- %s
+	else
+		_files
+	fi
+}
+compdef _outboxd outboxd
+`, cmds, strings.Join(flags, " "))
+		return err
+	}
+	return usageErrorf("completion: unknown shell %q: use bash or zsh", args[0])
+}
