@@ -116,9 +116,14 @@ run-service: examples
 demo-check: examples
 	@COUNT=$(COUNT) $(DEMO) check
 
-## demo: the whole scenario on a fresh dev stack, ending with the check (exit 1 if it fails)
-demo: deps up examples
-	@COUNT=$(COUNT) $(DEMO) demo
+## demo: the whole scenario on the dev stack, ending with the check (exit 1 if
+## it fails). A stack the demo started is stopped again at the end (KEEP=1
+## keeps it); one that was already up (make up) stays up.
+demo: deps examples
+	@set -euo pipefail; \
+	if [ ! -f .devstack.env ] && [ -z "$(KEEP)" ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
+	COUNT=$(COUNT) $(DEMO) demo
 
 ## ---- The benchmark (bench/README.md): outboxd against Debezium and polling on the dev stack.
 ## Both start the stack if .devstack.env is missing, and then stop it again.
