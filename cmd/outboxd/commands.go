@@ -22,6 +22,10 @@ Usage:
   outboxd status [flags]         health of the slot and publication; exit 1 on a problem (--json)
   outboxd replay [flags]         publish outbox rows again from the table (--since or --from-id),
                                  after a lost slot; --resume: then run, accepting the gap
+  outboxd checkpoint reset --to-current-history [flags]
+                                 after outboxd refused a database that went back in time
+                                 (restore, PITR, failover): move the outbox id sequence past
+                                 the highest id published and start the checkpoint over
   outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd help                   this text
@@ -62,6 +66,11 @@ func dispatch(ctx context.Context, args []string) error {
 		return cmdReplay(ctx, rest)
 	case "prune":
 		return cmdPrune(ctx, rest)
+	case "checkpoint":
+		if len(rest) == 0 || rest[0] != "reset" {
+			return fmt.Errorf("checkpoint needs a subcommand: reset --to-current-history")
+		}
+		return cmdCheckpointReset(ctx, rest[1:])
 	case "config":
 		if len(rest) == 0 || rest[0] != "check" {
 			return fmt.Errorf("config needs a subcommand: check")
@@ -71,5 +80,5 @@ func dispatch(ctx context.Context, args []string) error {
 		fmt.Fprint(os.Stdout, usage)
 		return nil
 	}
-	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "replay", "prune", "config", "help"}, ", "))
+	return fmt.Errorf("unknown command %q (commands: %s)", cmd, strings.Join([]string{"run", "migrate", "slot", "status", "replay", "prune", "checkpoint", "config", "help"}, ", "))
 }

@@ -59,7 +59,7 @@ func cmdReplay(ctx context.Context, args []string) error {
 	defer logger.Sync()
 	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
 	if *resume {
-		if err := prepare(ctx, &o, logger); err != nil {
+		if _, err := prepare(ctx, &o, logger); err != nil {
 			return err
 		}
 	}
