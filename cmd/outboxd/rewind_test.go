@@ -1,0 +1,294 @@
+package main
+
+// A database that goes back in time (issue 20): outboxd refuses with one
+// message, outboxd checkpoint reset --to-current-history is the one step to
+// go on, and the consumer package then processes every event written after
+// the rewind, none dropped as a duplicate of an event from before it.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/consumer"
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testproc"
+)
+
+// recorder is a consumer of the test topic (the consumer package, its dedup
+// table on the dev stack's PostgreSQL) whose handler records every (origin,
+// id) it processes.
+type recorder struct {
+	pool *pgxpool.Pool
+	c    *consumer.Consumer
+}
+
+func startRecorder(t *testing.T, brokers []string, topics ...string) *recorder {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pg := testenv.Postgres(t)
+	pool, err := pgxpool.New(ctx, pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := consumer.DefaultConfig()
+	cfg.Brokers, cfg.Topics, cfg.GroupID = brokers, topics, testenv.UniqueName("group")
+	if err := consumer.Migrate(ctx, pool, cfg.DedupTable); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE effects (origin text, id bigint, PRIMARY KEY (origin, id))`); err != nil {
+		t.Fatal(err)
+	}
+	h := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1, $2)`, m.Origin, m.OutboxID)
+		return err
+	})
+	c, err := consumer.New(cfg, pool, h, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := c.Run(ctx); err != nil && ctx.Err() == nil {
+			t.Errorf("consumer: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait(); pool.Close() })
+	return &recorder{pool: pool, c: c}
+}
+
+// processed waits until the handler processed every id of want under an
+// origin ending in suffix (or timeout) and returns the ids missing.
+func (r *recorder) processed(t *testing.T, want []int64, suffix string, timeout time.Duration) []int64 {
+	t.Helper()
+	var missing []int64
+	waitFor(t, timeout, func() bool {
+		rows, _ := r.pool.Query(context.Background(), `SELECT w FROM unnest($1::bigint[]) AS w
+WHERE NOT EXISTS (SELECT FROM effects WHERE id = w AND origin LIKE '%' || $2)`, want, suffix)
+		var err error
+		if missing, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil {
+			t.Fatal(err)
+		}
+		return len(missing) == 0
+	})
+	return missing
+}
+
+// ids lists the outbox ids in the env's table, with where (SQL) if given.
+func (e *env) ids(where string) []int64 {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	rows, _ := c.Query(context.Background(), `SELECT id FROM outbox `+where+` ORDER BY id`)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+// basebackup takes a pg_basebackup of srv into a folder of its instance.
+func basebackup(t *testing.T, srv *testenv.PGServer) string {
+	t.Helper()
+	dir := filepath.Join(srv.Dir, "backup")
+	cmd := []string{"pg_basebackup", "-d", srv.DSN, "-D", dir, "-X", "stream", "-c", "fast"}
+	if os.Geteuid() == 0 { // the server runs as postgres (dev/stack): so must its files
+		cmd = append([]string{"runuser", "-u", "postgres", "--"}, cmd...)
+	}
+	out, err := exec.Command(cmd[0], cmd[1:]...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("pg_basebackup: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// restore stops srv and replaces its data folder by backup (the old one is
+// kept as data.old, its pg_wal usable as an archive); recovery, when set, is
+// appended to the restored configuration. It does not start srv.
+func restore(t *testing.T, srv *testenv.PGServer, backup, recovery string) {
+	t.Helper()
+	srv.Stop("fast")
+	data := filepath.Join(srv.Dir, "data")
+	if err := os.Rename(data, data+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(backup, data); err != nil {
+		t.Fatal(err)
+	}
+	if recovery == "" {
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(data, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(recovery); err != nil {
+		t.Fatal(err)
+	}
+	signal := filepath.Join(data, "recovery.signal")
+	if err := os.WriteFile(signal, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(data); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			_ = os.Chown(signal, int(st.Uid), int(st.Gid))
+		}
+	}
+}
+
+// refuses runs outboxd on e, which must exit non-zero with the rewind
+// message naming kind.
+func (e *env) refuses(kind string) string {
+	e.t.Helper()
+	d := startDaemon(e.t, e.args()...)
+	code := d.wait(90 * time.Second)
+	out := d.out.String()
+	for _, s := range []string{"the database went back in time", kind, "outboxd checkpoint reset --to-current-history", "nothing written since has been published"} {
+		if code == 0 || !strings.Contains(out, s) {
+			e.t.Fatalf("outboxd run after the rewind: exit %d, want a refusal saying %q:\n%s", code, s, out)
+		}
+	}
+	return out
+}
+
+// reset runs outboxd checkpoint reset --to-current-history on e.
+func (e *env) reset() string {
+	e.t.Helper()
+	args := append([]string{"checkpoint", "reset", "--to-current-history"}, e.args()[1:]...)
+	code, out := testproc.Run(e.t, 90*time.Second, binPath, args...)
+	if code != 0 {
+		e.t.Fatalf("outboxd checkpoint reset: exit %d\n%s", code, out)
+	}
+	return out
+}
+
+// rewindCase runs one rewind end to end: 300 events, a base backup, 500
+// more published past it, the rewind (do), a refusal, 200 events written by
+// the application before the reset (the restored sequence hands out ids
+// consumers have seen), a second refusal once the WAL moved on, the reset,
+// 200 more events; every event written after the rewind is processed by the
+// consumer under the new origin.
+func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *env)) {
+	srv := testenv.StartPostgres(t)
+	e, k := serverEnv(t, srv, 3)
+	ctx := context.Background()
+	rec := startRecorder(t, k.Brokers, e.topic)
+	e.exec(`ALTER SYSTEM SET wal_keep_size = '1GB'`) // the old WAL serves as a PITR archive
+	e.exec(`SELECT pg_reload_conf()`)
+	d := e.start()
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	backup := basebackup(t, srv)
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 100, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	var target string // a point-in-time recovery target: 100 events past the backup
+	{
+		c := e.conn()
+		if err := c.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&target); err != nil {
+			t.Fatal(err)
+		}
+		c.Close(ctx)
+	}
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 400, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if v, n := e.delivered(time.Minute); v.lost != 0 {
+		t.Fatalf("before the rewind: %d rows: %s", n, v)
+	}
+	before := e.ids("")
+	d.stop()
+	do(srv, backup, target, e)
+	restored := e.ids("")
+	start := time.Now()
+	msg := e.refuses(kind)
+	t.Logf("%s: %d of %d rows left after the rewind; refused in %s: %s", kind, len(restored), len(before),
+		time.Since(start).Round(time.Millisecond), lineWith(msg, "went back in time"))
+
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`SELECT pg_switch_wal()`) // the WAL moves past the checkpoint again
+	e.exec(`CREATE TABLE churn AS SELECT generate_series(1, 1000) AS x`)
+	e.refuses(kind)
+	out := e.reset()
+	t.Logf("reset: %s", lineWith(out, "checkpoint reset:"))
+	if want := fmt.Sprintf("moved past outbox id %d", before[len(before)-1]); !strings.Contains(out, want) {
+		t.Fatalf("reset does not say %q:\n%s", want, out)
+	}
+	d = e.start()
+	defer d.stop()
+	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+		t.Fatal(err)
+	}
+	after := e.ids(fmt.Sprintf("WHERE id > %d OR id NOT IN (SELECT unnest('%s'::bigint[]))", before[len(before)-1], pgArray(restored)))
+	if missing := rec.processed(t, after, "/1", time.Minute); len(missing) > 0 {
+		t.Fatalf("%d of the %d events written after the rewind not processed by the consumer: %s", len(missing), len(after), ranges(missing))
+	}
+	st := rec.c.Stats()
+	t.Logf("%s: %d events written after the rewind, all processed under generation 1; consumer totals: processed %d, duplicates %d, in %s",
+		kind, len(after), st.Processed, st.Duplicates, time.Since(start).Round(time.Millisecond))
+	if st.Processed != int64(len(before)+len(after)) {
+		t.Fatalf("consumer processed %d, want %d (%d before the rewind + %d after)", st.Processed, len(before)+len(after), len(before), len(after))
+	}
+}
+
+func pgArray(ids []int64) string {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = fmt.Sprint(id)
+	}
+	return "{" + strings.Join(s, ",") + "}"
+}
+
+// lineWith is the last line of out containing s.
+func lineWith(out, s string) string {
+	lines := strings.Split(out, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], s) {
+			return lines[i]
+		}
+	}
+	return ""
+}
+
+// (a) The restore of a pg_basebackup on the same timeline.
+func TestRestoreFromBaseBackupRefusesThenResetDeliversEverything(t *testing.T) {
+	t.Parallel()
+	rewindCase(t, "restored from a backup", func(srv *testenv.PGServer, backup, _ string, e *env) {
+		restore(t, srv, backup, "")
+		srv.Start()
+	})
+}
+
+// (b) A point-in-time recovery to a target before the checkpoint: a new
+// timeline that left the checkpoint's before its position.
+func TestPITRBeforeCheckpointRefusesThenResetDeliversEverything(t *testing.T) {
+	t.Parallel()
+	rewindCase(t, "history forked", func(srv *testenv.PGServer, backup, target string, e *env) {
+		restore(t, srv, backup, fmt.Sprintf("\nrestore_command = 'cp %s/%%f %%p'\nrecovery_target_lsn = '%s'\nrecovery_target_action = 'promote'\n",
+			filepath.Join(srv.Dir, "data.old", "pg_wal"), target))
+		srv.Start()
+		waitFor(t, time.Minute, func() bool { // promoted: writable
+			c := e.conn()
+			defer c.Close(context.Background())
+			var rec bool
+			return c.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&rec) == nil && !rec
+		})
+	})
+}
