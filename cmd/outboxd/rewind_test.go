@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -291,4 +292,47 @@ func TestPITRBeforeCheckpointRefusesThenResetDeliversEverything(t *testing.T) {
 			return c.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&rec) == nil && !rec
 		})
 	})
+}
+
+// (c) Two outboxes (two databases, the same ids) into one topic and one
+// consumer: every event is processed once, none taken for the other
+// outbox's event of the same id.
+func TestTwoOutboxesOneConsumerProcessEveryEventOnce(t *testing.T) {
+	t.Parallel()
+	a := newEnv(t, 3)
+	b := &env{t: t, dsn: testenv.Postgres(t).DSN, brokers: a.brokers, topic: a.topic, slot: testenv.UniqueName("slot")}
+	b.migrate()
+	rec := startRecorder(t, a.brokers, a.topic)
+	ctx := context.Background()
+	start := time.Now()
+	for _, e := range []*env{a, b} {
+		d := e.start()
+		defer d.stop()
+	}
+	var wg sync.WaitGroup
+	for _, e := range []*env{a, b} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	ids := a.ids("")
+	if !slices.Equal(ids, b.ids("")) {
+		t.Fatalf("the two outboxes should hold the same ids")
+	}
+	var n, origins int
+	waitFor(t, time.Minute, func() bool {
+		err := rec.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT origin) FROM effects`).Scan(&n, &origins)
+		return err == nil && n >= 2*len(ids)
+	})
+	st := rec.c.Stats()
+	t.Logf("two outboxes, ids %d-%d in each: %d events processed under %d origins (consumer: processed %d, duplicates %d) in %s",
+		ids[0], ids[len(ids)-1], n, origins, st.Processed, st.Duplicates, time.Since(start).Round(time.Millisecond))
+	if n != 2*len(ids) || origins != 2 || st.Processed != int64(2*len(ids)) || st.Duplicates != 0 {
+		t.Fatalf("want %d events processed once each under 2 origins", 2*len(ids))
+	}
 }
