@@ -33,11 +33,12 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	return runCDC(ctx, &o)
+	return runCDC(ctx, &o, false)
 }
 
-// runCDC is `outboxd run` with its options parsed (also after a replay).
-func runCDC(ctx context.Context, o *options) error {
+// runCDC is `outboxd run` with its options parsed (also after a replay,
+// whose own prepare may have created the slot: createdBefore).
+func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	kcfg, kerr := o.kafkaConfig()
 	serr := o.shape()
 	if err := errors.Join(o.validateCommon(), kerr, serr, o.pub.Validate(), o.streamConfig().Validate()); err != nil {
@@ -89,7 +90,7 @@ func runCDC(ctx context.Context, o *options) error {
 		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
 			return replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
 		}
-		deps.SlotCreated = slotCreated
+		deps.SlotCreated = slotCreated || createdBefore
 	}
 	if o.pub.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
