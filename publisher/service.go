@@ -172,9 +172,8 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 				zap.Uint32("checkpoint_database_oid", c.DatabaseOID), zap.Uint32("database_oid", id.DatabaseOID))
 			c = nil
 		}
-		if err == nil {
-			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
-		}
+		// The history first: a rewind is refused even with --accept-gap,
+		// which accepts a gap on the checkpoint's history only.
 		if err == nil && c != nil && s.deps.ReadHistory != nil {
 			err = s.checkHistory(ctx, c, src.StartLSN())
 			var rw *RewindError
@@ -183,6 +182,9 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 					s.log.Warn("could not record the refusal in the checkpoint", zap.Error(rerr))
 				}
 			}
+		}
+		if err == nil {
+			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
 		}
 		if errors.Is(err, ErrGap) && s.cfg.AcceptGap {
 			// Accepted once: the checkpoint starts over at the slot, so
