@@ -8,6 +8,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,6 +185,12 @@ func (e *env) reset() string {
 // 200 more events; every event written after the rewind is processed by the
 // consumer under the new origin.
 func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *env)) {
+	rewindCaseWith(t, kind, basebackup, do)
+}
+
+// rewindCaseWith is rewindCase with another step than a base backup after the
+// first 300 events (its result is do's backup).
+func rewindCaseWith(t *testing.T, kind string, snapshot func(*testing.T, *testenv.PGServer) string, do func(srv *testenv.PGServer, backup, target string, e *env)) {
 	srv := testenv.StartPostgres(t)
 	e, k := serverEnv(t, srv, 3)
 	ctx := context.Background()
@@ -194,7 +201,7 @@ func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup
 	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	backup := basebackup(t, srv)
+	backup := snapshot(t, srv)
 	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 100, maxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
@@ -344,4 +351,52 @@ func TestTwoOutboxesOneConsumerProcessEveryEventOnce(t *testing.T) {
 	if n != 2*len(ids) || origins != 2 || st.Processed != int64(2*len(ids)) || st.Duplicates != 0 {
 		t.Fatalf("want %d events processed once each under 2 origins", 2*len(ids))
 	}
+}
+
+// (d) The promotion of an asynchronous standby on 15 that stopped receiving
+// before events committed on the old primary (and published from it): the
+// new primary's timeline left the old one before the checkpoint. Its slot is
+// gone with the old primary (no failover slots before 17): outboxd creates
+// one and refuses the fork.
+func TestAsyncStandbyPromotionRefusesThenResetDeliversEverything(t *testing.T) {
+	t.Parallel()
+	var standby *testenv.PGServer
+	rewindCaseWith(t, "history forked", func(t *testing.T, srv *testenv.PGServer) string {
+		standby = srv.StartStandby(testenv.UniqueName("phys"))
+		c, err := pgx.Connect(context.Background(), srv.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close(context.Background())
+		var at string
+		if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, time.Minute, func() bool { // caught up, then cut off
+			s, err := pgx.Connect(context.Background(), standby.DSN)
+			if err != nil {
+				return false
+			}
+			defer s.Close(context.Background())
+			var ok bool
+			return s.QueryRow(context.Background(), `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, at).Scan(&ok) == nil && ok
+		})
+		standby.Stop("fast")
+		return ""
+	}, func(srv *testenv.PGServer, _, _ string, e *env) {
+		srv.Stop("fast")
+		standby.Start()
+		u, err := url.Parse(e.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.dsn = withDatabase(t, standby.DSN, strings.TrimPrefix(u.Path, "/"))
+		e.exec(`SELECT pg_promote()`)
+		waitFor(t, time.Minute, func() bool {
+			c := e.conn()
+			defer c.Close(context.Background())
+			var rec bool
+			return c.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&rec) == nil && !rec
+		})
+	})
 }
