@@ -185,14 +185,29 @@ func (e *env) reset() string {
 // 200 more events; every event written after the rewind is processed by the
 // consumer under the new origin.
 func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *env)) {
-	rewindCaseWith(t, kind, basebackup, do)
+	rewindCaseWith(t, kind, rewindSetup{snapshot: basebackup}, do)
 }
 
-// rewindCaseWith is rewindCase with another step than a base backup after the
-// first 300 events (its result is do's backup).
-func rewindCaseWith(t *testing.T, kind string, snapshot func(*testing.T, *testenv.PGServer) string, do func(srv *testenv.PGServer, backup, target string, e *env)) {
-	srv := testenv.StartPostgres(t)
+// rewindSetup varies rewindCase: the server's version ("" is Debian's 15),
+// a step before outboxd starts, and the step after the first 300 events
+// instead of a base backup (its result is do's backup).
+type rewindSetup struct {
+	version  string
+	before   func(e *env)
+	snapshot func(*testing.T, *testenv.PGServer) string
+}
+
+func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *testenv.PGServer, backup, target string, e *env)) {
+	var srv *testenv.PGServer
+	if rs.version == "" {
+		srv = testenv.StartPostgres(t)
+	} else {
+		srv = testenv.StartPostgresVersion(t, rs.version)
+	}
 	e, k := serverEnv(t, srv, 3)
+	if rs.before != nil {
+		rs.before(e)
+	}
 	ctx := context.Background()
 	rec := startRecorder(t, k.Brokers, e.topic)
 	e.exec(`ALTER SYSTEM SET wal_keep_size = '1GB'`) // the old WAL serves as a PITR archive
@@ -201,7 +216,7 @@ func rewindCaseWith(t *testing.T, kind string, snapshot func(*testing.T, *testen
 	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	backup := snapshot(t, srv)
+	backup := rs.snapshot(t, srv)
 	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 100, maxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
@@ -310,6 +325,47 @@ func TestPITRBeforeCheckpointRefusesThenResetDeliversEverything(t *testing.T) {
 	})
 }
 
+// (e) A PostgreSQL 17 failover with a failover slot but without
+// synchronized_standby_slots: the standby (and its synced copy of the slot)
+// stopped receiving before events outboxd published from the old primary.
+// The synced slot is on the new primary, behind the checkpoint, on a
+// timeline that left the old one before it: refused as a fork.
+func TestFailoverSlotWithoutSynchronizedStandbySlotsRefusesThenReset(t *testing.T) {
+	t.Parallel()
+	var standby *testenv.PGServer
+	rewindCaseWith(t, "history forked", rewindSetup{version: "17",
+		before: func(e *env) { // outboxd's slot as a failover slot
+			e.exec(`CREATE PUBLICATION ` + pgx.Identifier{e.slot}.Sanitize() + ` FOR TABLE outbox WITH (publish = 'insert')`)
+			e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`, e.slot)
+		},
+		snapshot: func(t *testing.T, srv *testenv.PGServer) string {
+			standby = srv.StartStandby(testenv.UniqueName("phys"))
+			c, err := pgx.Connect(context.Background(), srv.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close(context.Background())
+			for _, sql := range []string{`ALTER SYSTEM RESET synchronized_standby_slots`, `SELECT pg_reload_conf()`} {
+				if _, err := c.Exec(context.Background(), sql); err != nil {
+					t.Fatal(err)
+				}
+			}
+			catchUp(t, srv, standby)
+			waitFor(t, 90*time.Second, func() bool { // the synced copy is ready
+				s, err := pgx.Connect(context.Background(), standby.DSN)
+				if err != nil {
+					return false
+				}
+				defer s.Close(context.Background())
+				var ready bool
+				return s.QueryRow(context.Background(), `SELECT coalesce(bool_or(synced AND NOT temporary AND invalidation_reason IS NULL), false)
+FROM pg_replication_slots WHERE slot_name LIKE 'slot%'`).Scan(&ready) == nil && ready
+			})
+			standby.Stop("fast")
+			return ""
+		}}, promote(t, &standby))
+}
+
 // (c) Two outboxes (two databases, the same ids) into one topic and one
 // consumer: every event is processed once, none taken for the other
 // outbox's event of the same id.
@@ -361,29 +417,42 @@ func TestTwoOutboxesOneConsumerProcessEveryEventOnce(t *testing.T) {
 func TestAsyncStandbyPromotionRefusesThenResetDeliversEverything(t *testing.T) {
 	t.Parallel()
 	var standby *testenv.PGServer
-	rewindCaseWith(t, "history forked", func(t *testing.T, srv *testenv.PGServer) string {
+	rewindCaseWith(t, "history forked", rewindSetup{snapshot: func(t *testing.T, srv *testenv.PGServer) string {
 		standby = srv.StartStandby(testenv.UniqueName("phys"))
-		c, err := pgx.Connect(context.Background(), srv.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close(context.Background())
-		var at string
-		if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&at); err != nil {
-			t.Fatal(err)
-		}
-		waitFor(t, time.Minute, func() bool { // caught up, then cut off
-			s, err := pgx.Connect(context.Background(), standby.DSN)
-			if err != nil {
-				return false
-			}
-			defer s.Close(context.Background())
-			var ok bool
-			return s.QueryRow(context.Background(), `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, at).Scan(&ok) == nil && ok
-		})
+		catchUp(t, srv, standby)
 		standby.Stop("fast")
 		return ""
-	}, func(srv *testenv.PGServer, _, _ string, e *env) {
+	}}, promote(t, &standby))
+}
+
+// catchUp waits until standby replayed what srv has written.
+func catchUp(t *testing.T, srv, standby *testenv.PGServer) {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	var at string
+	if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, func() bool {
+		s, err := pgx.Connect(context.Background(), standby.DSN)
+		if err != nil {
+			return false
+		}
+		defer s.Close(context.Background())
+		var ok bool
+		return s.QueryRow(context.Background(), `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, at).Scan(&ok) == nil && ok
+	})
+}
+
+// promote stops the primary, starts the standby, promotes it and points e at
+// it.
+func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServer, _, _ string, e *env) {
+	return func(srv *testenv.PGServer, _, _ string, e *env) {
+		standby := *standbyp
 		srv.Stop("fast")
 		standby.Start()
 		u, err := url.Parse(e.dsn)
@@ -398,5 +467,5 @@ func TestAsyncStandbyPromotionRefusesThenResetDeliversEverything(t *testing.T) {
 			var rec bool
 			return c.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&rec) == nil && !rec
 		})
-	})
+	}
 }
