@@ -73,7 +73,7 @@ func (e *RewindError) Error() string {
 			e.Server.Flushed, e.Server.Timeline, cp.EndLSN)
 	}
 	if !cp.CommitTime.IsZero() {
-		fmt.Fprintf(&b, " (last transaction published committed %s)", cp.CommitTime.UTC().Format(time.RFC3339))
+		fmt.Fprintf(&b, " (the last transaction outboxd had read by then committed %s)", cp.CommitTime.UTC().Format(time.RFC3339))
 	}
 	b.WriteString(". What it means: the events published from the restore point up to the checkpoint are in Kafka and were consumed, but are no longer in the database; nothing written since has been published")
 	if cp.MaxOutboxID > 0 {

@@ -52,7 +52,7 @@ func TestCheckHistory(t *testing.T) {
 			t.Errorf("%s: kind %q (fatal %v), want %q", c.name, rw.Kind, isFatal(err), c.want)
 		case c.want != "":
 			msg := err.Error()
-			for _, s := range []string{ResetCommand, "2500", "nothing written since has been published", "2026-12-02T01:00:00Z"} {
+			for _, s := range []string{ResetCommand, "2500", "nothing written since has been published", "committed 2026-12-02T01:00:00Z"} {
 				if !strings.Contains(msg, s) {
 					t.Errorf("%s: message lacks %q: %s", c.name, s, msg)
 				}

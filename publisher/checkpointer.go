@@ -43,6 +43,9 @@ type checkpointing struct {
 	generation int
 	maxID      atomic.Int64
 	origin     []byte
+	// lastCommit is the commit time (unix ns) of the last transaction with
+	// events read, for checkpoints that name no transaction of their own.
+	lastCommit atomic.Int64
 
 	want    atomic.Uint64 // the highest position the stream wanted to confirm
 	covered atomic.Uint64 // the highest position the checkpoint topic holds
@@ -68,6 +71,9 @@ func newCheckpointing(topic string, id Identity, cp *Checkpoint, start pglogrepl
 		covered = max(covered, cp.EndLSN)
 		c.generation = cp.Generation
 		c.maxID.Store(cp.MaxOutboxID)
+		if !cp.CommitTime.IsZero() {
+			c.lastCommit.Store(cp.CommitTime.UnixNano())
+		}
 	}
 	c.origin = []byte(id.Origin(c.generation))
 	c.covered.Store(uint64(covered))
@@ -77,6 +83,11 @@ func newCheckpointing(topic string, id Identity, cp *Checkpoint, start pglogrepl
 // stamp adds what every checkpoint record carries forward.
 func (c *checkpointing) stamp(cp Checkpoint) Checkpoint {
 	cp.Generation, cp.MaxOutboxID = c.generation, c.maxID.Load()
+	if cp.CommitTime.IsZero() {
+		if ns := c.lastCommit.Load(); ns != 0 {
+			cp.CommitTime = time.Unix(0, ns).UTC()
+		}
+	}
 	return cp
 }
 
@@ -153,6 +164,9 @@ func (p *Pipeline) produced() {
 // exactly-once mode it closes the Kafka transaction when it is big or old
 // enough, or when nothing else is waiting (low latency when quiet).
 func (p *Pipeline) committed(ctx context.Context, b replication.Begin, c replication.Commit, more bool) error {
+	if p.cp != nil && !c.CommitTime.IsZero() {
+		p.cp.lastCommit.Store(c.CommitTime.UnixNano())
+	}
 	if p.cp == nil || !p.eos() || !p.cp.open {
 		return nil
 	}

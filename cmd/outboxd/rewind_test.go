@@ -159,7 +159,7 @@ func (e *env) refuses(kind string) string {
 	d := startDaemon(e.t, e.args()...)
 	code := d.wait(90 * time.Second)
 	out := d.out.String()
-	for _, s := range []string{"the database went back in time", kind, "outboxd checkpoint reset --to-current-history", "nothing written since has been published"} {
+	for _, s := range []string{"the database went back in time", kind, "committed 20", "outboxd checkpoint reset --to-current-history", "nothing written since has been published"} {
 		if code == 0 || !strings.Contains(out, s) {
 			e.t.Fatalf("outboxd run after the rewind: exit %d, want a refusal saying %q:\n%s", code, s, out)
 		}
