@@ -94,11 +94,18 @@ func (c *checkpointing) stamp(cp Checkpoint) Checkpoint {
 // noteRecord adds the origin header to an event's record and remembers its
 // id for MaxOutboxID.
 func (c *checkpointing) noteRecord(r *kafka.Record) {
-	r.Headers = append(r.Headers, kafka.Header{Key: HeaderOrigin, Value: c.origin})
+	if c.origin != nil {
+		r.Headers = append(r.Headers, kafka.Header{Key: HeaderOrigin, Value: c.origin})
+	}
 	if r.OutboxID > c.maxID.Load() {
 		c.maxID.Store(r.OutboxID)
 	}
 }
+
+// SendsOrigin reports whether records of mapping m carry the origin header:
+// only in outboxd's own shape (id in outbox-id, which package consumer
+// reads), not in another tool's (Debezium's headers are exactly its own).
+func (m *Mapping) SendsOrigin() bool { return m.IDHeader == "" || m.IDHeader == HeaderOutboxID }
 
 // HeaderOrigin names the header that says which history of which database
 // an event comes from (Identity.Origin): consumers deduplicate on origin

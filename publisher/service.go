@@ -209,6 +209,9 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 				zap.Stringer("checkpoint", c.EndLSN), zap.Stringer("slot_confirmed", src.StartLSN()))
 		}
 		cp = newCheckpointing(s.cfg.CheckpointTopic, id, c, src.StartLSN())
+		if !s.cfg.Mapping.SendsOrigin() {
+			cp.origin = nil
+		}
 		s.newSlot = false
 	}
 	var dlq DeadLetterer

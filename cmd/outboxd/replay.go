@@ -120,13 +120,14 @@ func cmdReplay(ctx context.Context, args []string) error {
 }
 
 // replayOrigin is the origin header outboxd run sends on this server's
-// current history (the checkpoint's generation), nil with checkpoints off.
+// current history (the checkpoint's generation), nil with checkpoints off
+// or in another tool's record shape.
 // Replayed rows carry it, like the rows run publishes: after a reset to a
 // new history, rows written before the rewind are new to consumers again
 // under it (docs/postgres.md: replay only what was written after).
 func replayOrigin(ctx context.Context, o *options, kcfg kafka.Config) ([]byte, error) {
 	topic := o.pub.CheckpointTopic
-	if topic == "" {
+	if topic == "" || !o.pub.Mapping.SendsOrigin() {
 		return nil, nil
 	}
 	h, err := replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
