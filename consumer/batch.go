@@ -100,6 +100,11 @@ func (p *processor) processBatch(ctx context.Context, ms []*Message) (res []Resu
 	return res, nil
 }
 
+// dedupKey is a dedup row's key: origin and event id.
+type dedupKey struct {
+	Origin, EventID string
+}
+
 // attemptBatch is attempt for several messages: one transaction records all
 // their outbox ids with one statement, counts the duplicates (an id already
 // processed, or met earlier in ms) with another, runs h with the new
@@ -118,13 +123,13 @@ func (s *pgStore) attemptBatch(ctx context.Context, ms []*Message, h BatchHandle
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	ids := make([]int64, len(ms))
-	topics := make([]string, len(ms))
+	origins, eventIDs := make([]string, len(ms)), make([]string, len(ms))
+	ids, topics := make([]int64, len(ms)), make([]string, len(ms))
 	for i, m := range ms {
-		ids[i], topics[i] = m.OutboxID, m.Topic
+		origins[i], eventIDs[i], ids[i], topics[i] = m.Origin, m.dedupID(), m.OutboxID, m.Topic
 	}
-	rows, _ := tx.Query(ctx, s.insertBatchSQL, ids, topics)
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	rows, _ := tx.Query(ctx, s.insertBatchSQL, origins, eventIDs, ids, topics)
+	inserted, err := pgx.CollectRows(rows, pgx.RowToStructByPos[dedupKey])
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
@@ -132,24 +137,25 @@ func (s *pgStore) attemptBatch(ctx context.Context, ms []*Message, h BatchHandle
 		}
 		return nil, &dbError{op: fmt.Sprintf("record %d outbox ids", len(ids)), err: err}
 	}
-	isNew := make(map[int64]bool, len(inserted))
-	for _, id := range inserted {
-		isNew[id] = true
+	isNew := make(map[dedupKey]bool, len(inserted))
+	for _, k := range inserted {
+		isNew[k] = true
 	}
 	dup = make([]bool, len(ms))
 	fresh := make([]*Message, 0, len(inserted))
-	var dupIDs []int64
+	var dupOrigins, dupIDs []string
 	for i, m := range ms {
-		if isNew[m.OutboxID] {
-			isNew[m.OutboxID] = false // a later message with this id is a duplicate
+		k := dedupKey{m.Origin, m.dedupID()}
+		if isNew[k] {
+			isNew[k] = false // a later message with this id is a duplicate
 			fresh = append(fresh, m)
 			continue
 		}
 		dup[i] = true
-		dupIDs = append(dupIDs, m.OutboxID)
+		dupOrigins, dupIDs = append(dupOrigins, m.Origin), append(dupIDs, m.dedupID())
 	}
 	if len(dupIDs) > 0 {
-		if _, err := tx.Exec(ctx, s.dupBatchSQL, dupIDs); err != nil {
+		if _, err := tx.Exec(ctx, s.dupBatchSQL, dupOrigins, dupIDs); err != nil {
 			return nil, &dbError{op: fmt.Sprintf("count %d duplicates", len(dupIDs)), err: err}
 		}
 	}

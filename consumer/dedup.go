@@ -38,8 +38,8 @@ type pgStore struct {
 	table          string
 	insertSQL      string
 	dupSQL         string
-	insertBatchSQL string // $1 outbox ids, $2 their topics; returns the new ids
-	dupBatchSQL    string // $1 the outbox ids of the duplicates, repeated per duplicate
+	insertBatchSQL string // $1 origins, $2 event ids, $3 outbox ids, $4 topics; returns the new (origin, event id)
+	dupBatchSQL    string // $1 origins, $2 event ids of the duplicates, repeated per duplicate
 }
 
 func newPGStore(db DB, table string) (*pgStore, error) {
@@ -51,12 +51,14 @@ func newPGStore(db DB, table string) (*pgStore, error) {
 	return &pgStore{
 		db:        db,
 		table:     table,
-		insertSQL: `INSERT INTO ` + t + ` (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
-		dupSQL:    `UPDATE ` + t + ` SET duplicates = duplicates + 1 WHERE outbox_id = $1`,
-		insertBatchSQL: `INSERT INTO ` + t + ` (outbox_id, topic) SELECT * FROM unnest($1::bigint[], $2::text[])` +
-			` ON CONFLICT DO NOTHING RETURNING outbox_id`,
+		insertSQL: `INSERT INTO ` + t + ` (origin, event_id, outbox_id, topic) VALUES ($1, $2, nullif($3::bigint, 0), $4) ON CONFLICT DO NOTHING`,
+		dupSQL:    `UPDATE ` + t + ` SET duplicates = duplicates + 1 WHERE origin = $1 AND event_id = $2`,
+		insertBatchSQL: `INSERT INTO ` + t + ` (origin, event_id, outbox_id, topic)` +
+			` SELECT o, e, nullif(i, 0), tp FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) AS u(o, e, i, tp)` +
+			` ON CONFLICT DO NOTHING RETURNING origin, event_id`,
 		dupBatchSQL: `UPDATE ` + t + ` AS p SET duplicates = p.duplicates + d.n` +
-			` FROM (SELECT id, count(*)::int AS n FROM unnest($1::bigint[]) AS id GROUP BY id) AS d WHERE p.outbox_id = d.id`,
+			` FROM (SELECT o, e, count(*)::int AS n FROM unnest($1::text[], $2::text[]) AS u(o, e) GROUP BY o, e) AS d` +
+			` WHERE p.origin = d.o AND p.event_id = d.e`,
 	}, nil
 }
 
@@ -89,19 +91,22 @@ func (s *pgStore) attempt(ctx context.Context, m *Message, h Handler) (dup bool,
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	tag, err := tx.Exec(ctx, s.insertSQL, m.OutboxID, m.Topic)
+	tag, err := tx.Exec(ctx, s.insertSQL, m.Origin, m.dedupID(), m.OutboxID, m.Topic)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 			// Retried like any database failure, so creating the table
 			// lets the consumer go on; until then the log says how.
-			return false, &dbError{op: fmt.Sprintf("record outbox id %d: dedup table %s missing: create it with consumer.Migrate or consumer.SchemaSQL (outboxd migrate does not)", m.OutboxID, s.table), err: err}
+			return false, &dbError{op: fmt.Sprintf("record outbox id %s: dedup table %s missing: create it with consumer.Migrate or consumer.SchemaSQL (outboxd migrate does not)", m.dedupID(), s.table), err: err}
 		}
-		return false, &dbError{op: fmt.Sprintf("record outbox id %d", m.OutboxID), err: err}
+		if errors.As(err, &pgErr) && pgErr.Code == "42703" { // undefined_column
+			return false, &dbError{op: fmt.Sprintf("record outbox id %s: dedup table %s has the old shape (no origin, event_id): upgrade it with consumer.Migrate or consumer.UpgradeSQL", m.dedupID(), s.table), err: err}
+		}
+		return false, &dbError{op: fmt.Sprintf("record outbox id %s", m.dedupID()), err: err}
 	}
 	if tag.RowsAffected() == 0 {
-		if _, err := tx.Exec(ctx, s.dupSQL, m.OutboxID); err != nil {
-			return false, &dbError{op: fmt.Sprintf("count duplicate of outbox id %d", m.OutboxID), err: err}
+		if _, err := tx.Exec(ctx, s.dupSQL, m.Origin, m.dedupID()); err != nil {
+			return false, &dbError{op: fmt.Sprintf("count duplicate of outbox id %s", m.dedupID()), err: err}
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return false, &dbError{op: "commit duplicate count", err: err}

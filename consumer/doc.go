@@ -3,11 +3,14 @@
 //
 // # Deduplication
 //
-// Every event carries its outbox id in the outbox-id header. For each message
-// (or batch of messages, see Batches below) the consumer begins a PostgreSQL
-// transaction, runs
+// Every event carries its outbox id in the outbox-id header (an integer or a
+// uuid) and, from outboxd with checkpoints on, its origin in the
+// outbox-origin header (system id, database and a generation that changes
+// after a restore); an event is identified by both (origin "" without the
+// header). For each message (or batch of messages, see Batches below) the
+// consumer begins a PostgreSQL transaction, runs
 //
-//	INSERT INTO processed_outbox_ids (outbox_id, topic) VALUES ($1, $2) ON CONFLICT DO NOTHING
+//	INSERT INTO processed_outbox_ids (origin, event_id, outbox_id, topic) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING
 //
 // and, when the row is new, calls the [Handler] with that same transaction;
 // the transaction commits only if the handler succeeds. "Seen" and "done"
@@ -19,14 +22,19 @@
 // [Consumer.Run], or add [SchemaSQL] to the service's own migrations. It is
 //
 //	CREATE TABLE processed_outbox_ids (
-//	    outbox_id    bigint      PRIMARY KEY,
+//	    origin       text        NOT NULL DEFAULT '',
+//	    event_id     text        NOT NULL,
+//	    outbox_id    bigint,
 //	    topic        text        NOT NULL,
 //	    processed_at timestamptz NOT NULL DEFAULT now(),
-//	    duplicates   integer     NOT NULL DEFAULT 0
+//	    duplicates   integer     NOT NULL DEFAULT 0,
+//	    PRIMARY KEY (origin, event_id)
 //	);
 //
-// The outbox id is unique within one outbox table: a service that consumes the
-// events of several outboxes uses one table per outbox ([Config.DedupTable]).
+// One table serves the events of several outboxes, and ids an outbox hands
+// out again after a restore are new events under the new origin. A table of
+// the first shape (outbox_id bigint PRIMARY KEY) is upgraded by [Migrate]
+// ([UpgradeSQL]).
 //
 // # Errors
 //
@@ -99,8 +107,9 @@
 // arrive within BatchWait (0: never wait). One transaction records all their
 // outbox ids with one statement,
 //
-//	INSERT INTO processed_outbox_ids (outbox_id, topic) SELECT * FROM unnest($1::bigint[], $2::text[])
-//	ON CONFLICT DO NOTHING RETURNING outbox_id
+//	INSERT INTO processed_outbox_ids (origin, event_id, outbox_id, topic)
+//	SELECT … FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[])
+//	ON CONFLICT DO NOTHING RETURNING origin, event_id
 //
 // counts the duplicates (an id processed before, or met earlier in the
 // batch) as the single path does, calls the [BatchHandler] ([NewBatch]) with

@@ -15,6 +15,12 @@ import (
 // name outboxd's publisher sets).
 const HeaderOutboxID = "outbox-id"
 
+// HeaderOrigin is the header that says which outbox, and which history of
+// its database, an event comes from (outboxd sets it with checkpoints on:
+// system id/database/generation). Events are deduplicated on origin and id;
+// an event without it has origin "".
+const HeaderOrigin = "outbox-origin"
+
 // Handler processes one event. It runs inside tx, the transaction that also
 // records the outbox id as processed; it must do its writes through tx and
 // must not commit or roll it back. Returning an error rolls everything back:
@@ -47,8 +53,14 @@ type Message struct {
 	Headers   []Header
 	Timestamp time.Time
 
-	// OutboxID is the value of the outbox-id header (0 when it has none).
+	// OutboxID is the value of the outbox-id header when it is an integer
+	// (0 for a uuid id).
 	OutboxID int64
+	// EventID is the outbox-id header's id as text: the integer in
+	// decimal, or the uuid in lower case.
+	EventID string
+	// Origin is the outbox-origin header ("" when it has none).
+	Origin string
 	// Attempt is the number of this attempt, from 1.
 	Attempt int
 }
@@ -91,12 +103,49 @@ func newMessage(cm *sarama.ConsumerMessage) (*Message, error) {
 	if !ok {
 		return m, Domain(fmt.Errorf("%w: the header is missing", ErrNoOutboxID))
 	}
-	id, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
-	if err != nil || id <= 0 {
-		return m, Domain(fmt.Errorf("%w: %q", ErrNoOutboxID, v))
+	if o, ok := m.Header(HeaderOrigin); ok {
+		m.Origin = string(o)
 	}
-	m.OutboxID = id
-	return m, nil
+	text := bytes.TrimSpace(v)
+	if id, err := strconv.ParseInt(string(text), 10, 64); err == nil && id > 0 {
+		m.OutboxID, m.EventID = id, strconv.FormatInt(id, 10)
+		return m, nil
+	}
+	if isUUID(text) {
+		m.EventID = string(bytes.ToLower(text))
+		return m, nil
+	}
+	return m, Domain(fmt.Errorf("%w: %q", ErrNoOutboxID, v))
+}
+
+// dedupID is the id the dedup table keys on: EventID, or OutboxID in
+// decimal for a message built without it.
+func (m *Message) dedupID() string {
+	if m.EventID != "" {
+		return m.EventID
+	}
+	return strconv.FormatInt(m.OutboxID, 10)
+}
+
+// isUUID reports whether b is a uuid in its text form
+// (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx).
+func isUUID(b []byte) bool {
+	if len(b) != 36 {
+		return false
+	}
+	for i, c := range b {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Outcome is how a message got done.

@@ -51,6 +51,24 @@ type Checkpoint struct {
 	Xid        uint32
 	CommitTime time.Time
 	WrittenAt  time.Time
+	// MaxOutboxID is the highest integer outbox id outboxd ever published
+	// for this identity (carried from checkpoint to checkpoint): after the
+	// database went back in time the id sequence is moved past it.
+	MaxOutboxID int64
+	// Generation counts the resets to a new history (outboxd checkpoint
+	// reset --to-current-history); it is part of the origin header, so ids
+	// reused after a restore are not mistaken for duplicates.
+	Generation int
+	// Refused, when set, is the refusal of a database that went back in
+	// time: every later start refuses with it until outboxd checkpoint
+	// reset, even once the server's WAL has moved past the checkpoint again.
+	Refused string
+}
+
+// Origin is the value of the origin header of the events published under
+// this checkpoint's identity: system identifier, database and generation.
+func (id Identity) Origin(generation int) string {
+	return fmt.Sprintf("%s/%s/%d", id.SystemID, id.Database, generation)
 }
 
 // checkpointWire is a checkpoint record's value: JSON, LSNs in
@@ -66,12 +84,16 @@ type checkpointWire struct {
 	Xid         uint32    `json:"xid,omitempty"`
 	CommitTime  time.Time `json:"commit_time,omitzero"`
 	WrittenAt   time.Time `json:"written_at"`
+	MaxOutboxID int64     `json:"max_outbox_id,omitempty"`
+	Generation  int       `json:"generation,omitempty"`
+	Refused     string    `json:"refused,omitempty"`
 }
 
 // MarshalJSON writes the record value.
 func (c Checkpoint) MarshalJSON() ([]byte, error) {
 	w := checkpointWire{SystemID: c.SystemID, Database: c.Database, DatabaseOID: c.DatabaseOID, Slot: c.Slot, Timeline: c.Timeline,
-		EndLSN: c.EndLSN.String(), Xid: c.Xid, CommitTime: c.CommitTime, WrittenAt: c.WrittenAt}
+		EndLSN: c.EndLSN.String(), Xid: c.Xid, CommitTime: c.CommitTime, WrittenAt: c.WrittenAt,
+		MaxOutboxID: c.MaxOutboxID, Generation: c.Generation, Refused: c.Refused}
 	if c.CommitLSN != 0 {
 		w.CommitLSN = c.CommitLSN.String()
 	}
@@ -85,7 +107,7 @@ func ParseCheckpoint(b []byte) (*Checkpoint, error) {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
 	c := &Checkpoint{SystemID: w.SystemID, Database: w.Database, DatabaseOID: w.DatabaseOID, Slot: w.Slot, Timeline: w.Timeline,
-		Xid: w.Xid, CommitTime: w.CommitTime, WrittenAt: w.WrittenAt}
+		Xid: w.Xid, CommitTime: w.CommitTime, WrittenAt: w.WrittenAt, MaxOutboxID: w.MaxOutboxID, Generation: w.Generation, Refused: w.Refused}
 	var err error
 	if c.EndLSN, err = pglogrepl.ParseLSN(w.EndLSN); err != nil {
 		return nil, fmt.Errorf("checkpoint: end_lsn %q: %w", w.EndLSN, err)

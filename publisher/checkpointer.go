@@ -37,6 +37,15 @@ type checkpointing struct {
 	// already in Kafka (the checkpoint says so): skipped, not re-published.
 	skipBelow pglogrepl.LSN
 	skipped   int
+	// generation and maxID go into every checkpoint record: the history
+	// generation and the highest integer outbox id produced (or carried
+	// from the checkpoint read at start). origin is the origin header.
+	generation int
+	maxID      atomic.Int64
+	origin     []byte
+	// lastCommit is the commit time (unix ns) of the last transaction with
+	// events read, for checkpoints that name no transaction of their own.
+	lastCommit atomic.Int64
 
 	want    atomic.Uint64 // the highest position the stream wanted to confirm
 	covered atomic.Uint64 // the highest position the checkpoint topic holds
@@ -60,10 +69,48 @@ func newCheckpointing(topic string, id Identity, cp *Checkpoint, start pglogrepl
 	if cp != nil {
 		c.skipBelow = cp.EndLSN
 		covered = max(covered, cp.EndLSN)
+		c.generation = cp.Generation
+		c.maxID.Store(cp.MaxOutboxID)
+		if !cp.CommitTime.IsZero() {
+			c.lastCommit.Store(cp.CommitTime.UnixNano())
+		}
 	}
+	c.origin = []byte(id.Origin(c.generation))
 	c.covered.Store(uint64(covered))
 	return c
 }
+
+// stamp adds what every checkpoint record carries forward.
+func (c *checkpointing) stamp(cp Checkpoint) Checkpoint {
+	cp.Generation, cp.MaxOutboxID = c.generation, c.maxID.Load()
+	if cp.CommitTime.IsZero() {
+		if ns := c.lastCommit.Load(); ns != 0 {
+			cp.CommitTime = time.Unix(0, ns).UTC()
+		}
+	}
+	return cp
+}
+
+// noteRecord adds the origin header to an event's record and remembers its
+// id for MaxOutboxID.
+func (c *checkpointing) noteRecord(r *kafka.Record) {
+	if c.origin != nil {
+		r.Headers = append(r.Headers, kafka.Header{Key: HeaderOrigin, Value: c.origin})
+	}
+	if r.OutboxID > c.maxID.Load() {
+		c.maxID.Store(r.OutboxID)
+	}
+}
+
+// SendsOrigin reports whether records of mapping m carry the origin header:
+// only in outboxd's own shape (id in outbox-id, which package consumer
+// reads), not in another tool's (Debezium's headers are exactly its own).
+func (m *Mapping) SendsOrigin() bool { return m.IDHeader == "" || m.IDHeader == HeaderOutboxID }
+
+// HeaderOrigin names the header that says which history of which database
+// an event comes from (Identity.Origin): consumers deduplicate on origin
+// and id.
+const HeaderOrigin = "outbox-origin"
 
 // Checkpointed implements replication.Checkpointer: the stream may confirm
 // want only as far as the checkpoint topic holds it.
@@ -124,6 +171,9 @@ func (p *Pipeline) produced() {
 // exactly-once mode it closes the Kafka transaction when it is big or old
 // enough, or when nothing else is waiting (low latency when quiet).
 func (p *Pipeline) committed(ctx context.Context, b replication.Begin, c replication.Commit, more bool) error {
+	if p.cp != nil && !c.CommitTime.IsZero() {
+		p.cp.lastCommit.Store(c.CommitTime.UnixNano())
+	}
 	if p.cp == nil || !p.eos() || !p.cp.open {
 		return nil
 	}
@@ -179,7 +229,7 @@ func (p *Pipeline) writeCheckpoint(ctx context.Context, cp Checkpoint) error {
 // sendCheckpoint sends a checkpoint record; its acknowledgement comes back on
 // the checkpoint channel (checkpointWritten).
 func (p *Pipeline) sendCheckpoint(ctx context.Context, cp Checkpoint) (Checkpoint, error) {
-	r, err := checkpointRecord(p.cp.topic, p.cp.id, cp)
+	r, err := checkpointRecord(p.cp.topic, p.cp.id, p.cp.stamp(cp))
 	if err != nil {
 		return cp, err
 	}
@@ -226,7 +276,7 @@ func (p *Pipeline) tick(ctx context.Context) error {
 	if c.inFlight {
 		return nil
 	}
-	r, err := checkpointRecord(c.topic, c.id, Checkpoint{EndLSN: want})
+	r, err := checkpointRecord(c.topic, c.id, c.stamp(Checkpoint{EndLSN: want}))
 	if err != nil {
 		return err
 	}
@@ -289,9 +339,21 @@ func (p *Pipeline) finalCheckpoint(ctx context.Context) error {
 }
 
 // resetCheckpoint writes a checkpoint at the slot's position, before the
-// session streams: the gap before it was accepted.
-func resetCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, at pglogrepl.LSN) error {
-	r, err := checkpointRecord(cfg.CheckpointTopic, id, Checkpoint{EndLSN: at})
+// session streams: the gap before it was accepted. prev's id high mark and
+// generation carry over.
+func resetCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, at pglogrepl.LSN, prev *Checkpoint) error {
+	cp := Checkpoint{EndLSN: at}
+	if prev != nil {
+		cp.MaxOutboxID, cp.Generation = prev.MaxOutboxID, prev.Generation
+	}
+	return WriteCheckpoint(ctx, prod, cfg, id, cp)
+}
+
+// WriteCheckpoint writes cp as id's checkpoint and waits for it (and, in
+// exactly-once mode, commits it): outboxd checkpoint reset.
+func WriteCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, cp Checkpoint) error {
+	at := cp.EndLSN
+	r, err := checkpointRecord(cfg.CheckpointTopic, id, cp)
 	if err != nil {
 		return err
 	}

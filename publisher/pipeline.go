@@ -237,6 +237,9 @@ const maxPending = 512
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
 	r := NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
 	r.Meta = t
+	if p.cp != nil {
+		p.cp.noteRecord(r)
+	}
 	size := int64(r.Size())
 	if !p.lim.tryAcquire(size) {
 		// The in-flight limit is reached: what is held back must go out

@@ -48,6 +48,13 @@ type Deps struct {
 	// NewHook, when set, connects the post-publish hook; closed like the
 	// dead-letterer.
 	NewHook func(ctx context.Context) (Hook, error)
+	// ReadHistory, when set, reads the server's WAL history: a checkpoint
+	// not on it (the database went back in time) is refused with a
+	// *RewindError instead of skipping what it covers.
+	ReadHistory func(ctx context.Context) (*replication.History, error)
+	// SlotCreated says this process created the slot before its first
+	// session: a slot created below the checkpoint proves a rewind.
+	SlotCreated bool
 }
 
 // Service is the CDC source under a Supervisor: each session opens the
@@ -63,6 +70,9 @@ type Service struct {
 	// lastPID is the server process of the previous session's replication
 	// connection (the supervisor's goroutine only).
 	lastPID int
+	// newSlot: the slot was created by this process and no session has
+	// streamed from it yet (the supervisor's goroutine only).
+	newSlot bool
 }
 
 // NewService builds a service. m may be nil.
@@ -70,7 +80,7 @@ func NewService(cfg Config, log *zap.Logger, m *Metrics, deps Deps) *Service {
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	s := &Service{cfg: cfg, log: log, m: m, deps: deps}
+	s := &Service{cfg: cfg, log: log, m: m, deps: deps, newSlot: deps.SlotCreated}
 	s.sup = NewSupervisor(SupervisorConfig{
 		RestartBackoffMin:   cfg.RestartBackoffMin,
 		RestartBackoffMax:   cfg.RestartBackoffMax,
@@ -95,7 +105,7 @@ func (s *Service) State() State { return s.sup.State() }
 func (s *Service) Run(ctx context.Context) error { return s.sup.Run(ctx, s.session) }
 
 func isFatal(err error) bool {
-	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, kafka.ErrFenced) || errors.Is(err, ErrGap) ||
+	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, kafka.ErrFenced) || errors.Is(err, ErrGap) || errors.Is(err, ErrRewind) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrMissingColumn) ||
 		errors.Is(err, replication.ErrBadValue)
@@ -162,6 +172,17 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 				zap.Uint32("checkpoint_database_oid", c.DatabaseOID), zap.Uint32("database_oid", id.DatabaseOID))
 			c = nil
 		}
+		// The history first: a rewind is refused even with --accept-gap,
+		// which accepts a gap on the checkpoint's history only.
+		if err == nil && c != nil && s.deps.ReadHistory != nil {
+			err = s.checkHistory(ctx, c, src.StartLSN())
+			var rw *RewindError
+			if errors.As(err, &rw) {
+				if rerr := s.recordRefusal(ctx, prod, id, rw); rerr != nil {
+					s.log.Warn("could not record the refusal in the checkpoint", zap.Error(rerr))
+				}
+			}
+		}
 		if err == nil {
 			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
 		}
@@ -169,8 +190,8 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 			// Accepted once: the checkpoint starts over at the slot, so
 			// later sessions check against it again.
 			s.log.Warn("accepting the gap (--accept-gap): the checkpoint starts over at the slot's position", zap.Error(err))
-			err = resetCheckpoint(ctx, prod, s.cfg, id, src.StartLSN())
-			c = nil
+			err = resetCheckpoint(ctx, prod, s.cfg, id, src.StartLSN(), c)
+			c = &Checkpoint{EndLSN: src.StartLSN(), MaxOutboxID: c.MaxOutboxID, Generation: c.Generation}
 			if err == nil {
 				s.cfg.AcceptGap = false
 			}
@@ -178,7 +199,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		if err != nil {
 			prod.Close()
 			drainResults(prod)
-			if errors.Is(err, ErrGap) {
+			if errors.Is(err, ErrGap) || errors.Is(err, ErrRewind) {
 				return progressed, err
 			}
 			return progressed, fmt.Errorf("%w: read checkpoint: %w", errProducerOpen, err)
@@ -188,6 +209,10 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 				zap.Stringer("checkpoint", c.EndLSN), zap.Stringer("slot_confirmed", src.StartLSN()))
 		}
 		cp = newCheckpointing(s.cfg.CheckpointTopic, id, c, src.StartLSN())
+		if !s.cfg.Mapping.SendsOrigin() {
+			cp.origin = nil
+		}
+		s.newSlot = false
 	}
 	var dlq DeadLetterer
 	if s.deps.NewDeadLetterer != nil {
@@ -255,6 +280,30 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		return progressed, fmt.Errorf("%w: %w", errSource, sErr)
 	}
 	return progressed, plErr
+}
+
+// checkHistory reads the server's history and checks the checkpoint is on
+// it. An error reading it is a restart (errSourceOpen), never a skip.
+func (s *Service) checkHistory(ctx context.Context, c *Checkpoint, slotStart pglogrepl.LSN) error {
+	h, err := s.deps.ReadHistory(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: read the server's WAL history: %w", errSourceOpen, err)
+	}
+	return checkHistory(c, h, slotStart, s.newSlot, s.cfg.CheckpointTopic)
+}
+
+// recordRefusal writes the refusal into the checkpoint (same position,
+// history and id high mark), so that every later start refuses too, even
+// once the server's WAL has moved past the checkpoint or the slot created
+// below it is no longer new.
+func (s *Service) recordRefusal(ctx context.Context, prod Producer, id Identity, e *RewindError) error {
+	if e.Kind == RewindRecorded {
+		return nil
+	}
+	cp := e.Checkpoint
+	cp.Refused = e.Error()
+	id.Timeline = cp.Timeline
+	return WriteCheckpoint(ctx, prod, s.cfg, id, cp)
 }
 
 // abortOpenTxn aborts, in exactly-once mode, the Kafka transaction a

@@ -22,6 +22,10 @@ Usage:
   outboxd status [flags]         health of the slot and publication; exit 1 on a problem (--json)
   outboxd replay [flags]         publish outbox rows again from the table (--since or --from-id),
                                  after a lost slot; --resume: then run, accepting the gap
+  outboxd checkpoint reset --to-current-history [flags]
+                                 after outboxd refused a database that went back in time
+                                 (restore, PITR, failover): move the outbox id sequence past
+                                 the highest id published and start the checkpoint over
   outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd version                the version, commit and Go version of this binary
@@ -68,6 +72,11 @@ func dispatch(ctx context.Context, args []string) error {
 		return cmdReplay(ctx, rest)
 	case "prune":
 		return cmdPrune(ctx, rest)
+	case "checkpoint":
+		if len(rest) == 0 || rest[0] != "reset" {
+			return usageErrorf("checkpoint needs a subcommand: reset --to-current-history")
+		}
+		return cmdCheckpointReset(ctx, rest[1:])
 	case "config":
 		if len(rest) > 0 && (rest[0] == "help" || rest[0] == "-h" || rest[0] == "--help") {
 			fmt.Fprint(os.Stdout, "Usage: outboxd config check [run flags]\n\nValidates the settings of outboxd run (flags, OUTBOXD_* environment, --config file)\nand prints them with the source of each value, secrets redacted.\nSee \"outboxd run --help\" for the flags.\n")
@@ -91,7 +100,7 @@ func dispatch(ctx context.Context, args []string) error {
 	return usageErrorf("unknown command %q%s (commands: %s)", cmd, didYouMean(cmd, commandNames...), strings.Join(commandNames, ", "))
 }
 
-var commandNames = []string{"run", "migrate", "slot", "status", "replay", "prune", "config", "version", "help"}
+var commandNames = []string{"run", "migrate", "slot", "status", "replay", "prune", "checkpoint", "config", "version", "help"}
 
 const slotUsage = `Usage:
   outboxd slot create [flags]    create the publication and the replication slot

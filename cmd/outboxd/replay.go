@@ -58,8 +58,9 @@ func cmdReplay(ctx context.Context, args []string) error {
 	}
 	defer logger.Sync()
 	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
+	slotCreated := false
 	if *resume {
-		if err := prepare(ctx, &o, logger); err != nil {
+		if slotCreated, err = prepare(ctx, &o, logger); err != nil {
 			return err
 		}
 	}
@@ -77,11 +78,19 @@ func cmdReplay(ctx context.Context, args []string) error {
 		for range prod.Results() {
 		}
 	}()
+	origin, err := replayOrigin(ctx, &o, kcfg)
+	if err != nil {
+		return err
+	}
 	pcfg := poll.DefaultConfig()
 	pcfg.Schema, pcfg.Table, pcfg.Mapping = o.slot.Schema, o.slot.Table, o.pub.Mapping
 	n, err := poll.Replay(ctx, conn, pcfg, rng, *batch, func(events []replication.Event) error {
 		for i := range events {
-			if err := prod.Send(ctx, publisher.NewRecord(&events[i], &o.pub.Mapping, time.Now())); err != nil {
+			r := publisher.NewRecord(&events[i], &o.pub.Mapping, time.Now())
+			if origin != nil {
+				r.Headers = append(r.Headers, kafka.Header{Key: publisher.HeaderOrigin, Value: origin})
+			}
+			if err := prod.Send(ctx, r); err != nil {
 				return err
 			}
 		}
@@ -107,7 +116,34 @@ func cmdReplay(ctx context.Context, args []string) error {
 		return nil
 	}
 	o.pub.AcceptGap = true
-	return runCDC(ctx, &o)
+	return runCDC(ctx, &o, slotCreated)
+}
+
+// replayOrigin is the origin header outboxd run sends on this server's
+// current history (the checkpoint's generation), nil with checkpoints off
+// or in another tool's record shape.
+// Replayed rows carry it, like the rows run publishes: after a reset to a
+// new history, rows written before the rewind are new to consumers again
+// under it (docs/postgres.md: replay only what was written after).
+func replayOrigin(ctx context.Context, o *options, kcfg kafka.Config) ([]byte, error) {
+	topic := o.pub.CheckpointTopic
+	if topic == "" || !o.pub.Mapping.SendsOrigin() {
+		return nil, nil
+	}
+	h, err := replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
+	if err != nil {
+		return nil, err
+	}
+	id := publisher.Identity{SystemID: h.SystemID, Timeline: h.Timeline, Database: h.Database, Slot: o.slot.Slot}
+	cp, err := readCheckpoint(ctx, kcfg, topic, id)
+	if err != nil {
+		return nil, fmt.Errorf("read the checkpoint from %q: %w", topic, err)
+	}
+	gen := 0
+	if cp != nil {
+		gen = cp.Generation
+	}
+	return []byte(id.Origin(gen)), nil
 }
 
 // cmdPrune deletes old outbox rows once (what --retention does on a

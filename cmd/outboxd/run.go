@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -31,11 +32,12 @@ func cmdRun(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	return runCDC(ctx, &o)
+	return runCDC(ctx, &o, false)
 }
 
-// runCDC is `outboxd run` with its options parsed (also after a replay).
-func runCDC(ctx context.Context, o *options) error {
+// runCDC is `outboxd run` with its options parsed (also after a replay,
+// whose own prepare may have created the slot: createdBefore).
+func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	kcfg, err := o.validateRun()
 	if err != nil {
 		return err
@@ -56,7 +58,8 @@ func runCDC(ctx context.Context, o *options) error {
 	if err := checkKafkaAtStart(ctx, kcfg, logger); err != nil {
 		return err
 	}
-	if err := prepare(ctx, o, logger); err != nil {
+	slotCreated, err := prepare(ctx, o, logger)
+	if err != nil {
 		return err
 	}
 
@@ -83,19 +86,12 @@ func runCDC(ctx context.Context, o *options) error {
 			logger.Warn("checkpoint topic not ready; the sessions will retry", zap.String("topic", topic), zap.Error(err))
 		}
 		deps.ReadCheckpoint = func(ctx context.Context, id publisher.Identity) (*publisher.Checkpoint, error) {
-			if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
-				return nil, err
-			}
-			all, err := kafka.ReadCompacted(ctx, kcfg, topic)
-			if err != nil {
-				return nil, err
-			}
-			v, ok := all[id.Key()]
-			if !ok {
-				return nil, nil
-			}
-			return publisher.ParseCheckpoint(v)
+			return readCheckpoint(ctx, kcfg, topic, id)
 		}
+		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
+			return replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
+		}
+		deps.SlotCreated = slotCreated || createdBefore
 	}
 	if o.pub.DeadLetterTopic != "" {
 		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
@@ -147,26 +143,45 @@ func addRetention(ctx context.Context, g *run.Group, o *options, publishedOnly b
 	return nil
 }
 
-// prepare checks the database and ensures the publication and the slot.
-func prepare(ctx context.Context, o *options, logger *zap.Logger) error {
+// readCheckpoint reads id's checkpoint from the compacted topic (nil when
+// there is none).
+func readCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id publisher.Identity) (*publisher.Checkpoint, error) {
+	if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
+		return nil, err
+	}
+	all, err := kafka.ReadCompacted(ctx, kcfg, topic)
+	if err != nil {
+		return nil, err
+	}
+	v, ok := all[id.Key()]
+	if !ok {
+		return nil, nil
+	}
+	return publisher.ParseCheckpoint(v)
+}
+
+// prepare checks the database and ensures the publication and the slot. It
+// reports whether it created the slot.
+func prepare(ctx context.Context, o *options, logger *zap.Logger) (slotCreated bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, o.pgDSN)
 	if err != nil {
-		return fmt.Errorf("connect to PostgreSQL: %w", err)
+		return false, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.Background())
 	if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
-		return err
+		return false, err
 	}
 	created, err := slot.Ensure(ctx, conn, o.slot, !o.noCreate)
 	if err != nil {
-		return err
+		return false, err
 	}
 	for _, c := range created {
 		logger.Info("created", zap.String("object", c))
+		slotCreated = slotCreated || strings.HasPrefix(c, "replication slot ")
 	}
-	return nil
+	return slotCreated, nil
 }
 
 // healthMux serves /metrics, /healthz (the process answers) and /readyz:

@@ -161,6 +161,12 @@ func TestRunHeadersColumnAndMapping(t *testing.T) {
 	// jsonb keeps an object's keys sorted (shorter first), and so do the
 	// headers: tracestate before traceparent.
 	wantHs := []string{"eventKind=" + kind, "tracestate=congo=t61rcWkgMzE", "traceparent=" + tp}
+	// Last, the origin (system id/database/generation) for package consumer.
+	if n := len(hs); n == 0 || !strings.HasPrefix(hs[n-1], "outbox-origin=") || !strings.HasSuffix(hs[n-1], "/0") {
+		t.Errorf("headers %q, want outbox-origin=…/0 last", hs)
+	} else {
+		hs = hs[:n-1]
+	}
 	if len(hs) < 2 || !strings.HasPrefix(hs[0], "outbox-id=") || hs[1] != "aggregate-id=a-1" || !slices.Equal(hs[2:], wantHs) {
 		t.Errorf("headers %q, want outbox-id, aggregate-id=a-1, then %q", hs, wantHs)
 	}

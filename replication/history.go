@@ -1,0 +1,108 @@
+package replication
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// History is the WAL history a server is on: its system identifier, its
+// timeline, how far it has flushed WAL, and where each earlier timeline of
+// its history ended (TIMELINE_HISTORY). A position written on timeline T is
+// on this history when T is the current timeline and the position is not
+// ahead of the flushed WAL, or when T is an ancestor and the position is not
+// past T's switch point.
+type History struct {
+	SystemID string
+	Timeline int32
+	// Database is the database the connection is to.
+	Database string
+	// Flushed is IDENTIFY_SYSTEM's xlogpos: the WAL flushed so far.
+	Flushed pglogrepl.LSN
+	// Ends maps each ancestor timeline to the position where the server's
+	// history switched away from it.
+	Ends map[int32]pglogrepl.LSN
+}
+
+// Contains reports whether the position lsn, written on timeline tli, is on
+// this history.
+func (h *History) Contains(tli int32, lsn pglogrepl.LSN) bool {
+	if tli == h.Timeline {
+		return lsn <= h.Flushed
+	}
+	end, ok := h.Ends[tli]
+	return ok && lsn <= end
+}
+
+// ReadHistory runs IDENTIFY_SYSTEM and, past timeline 1, TIMELINE_HISTORY on
+// a replication connection.
+func ReadHistory(ctx context.Context, conn *pgconn.PgConn) (*History, error) {
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("replication: identify system: %w", err)
+	}
+	h := &History{SystemID: sys.SystemID, Timeline: sys.Timeline, Database: sys.DBName, Flushed: sys.XLogPos, Ends: map[int32]pglogrepl.LSN{}}
+	if sys.Timeline <= 1 {
+		return h, nil
+	}
+	res, err := pglogrepl.TimelineHistory(ctx, conn, sys.Timeline)
+	if err != nil {
+		return nil, fmt.Errorf("replication: timeline history of timeline %d: %w", sys.Timeline, err)
+	}
+	if h.Ends, err = ParseTimelineHistory(res.Content); err != nil {
+		return nil, fmt.Errorf("replication: %s: %w", res.FileName, err)
+	}
+	return h, nil
+}
+
+// ReadServerHistory connects to connString as a replication client, reads
+// the server's history (ReadHistory) and disconnects.
+func ReadServerHistory(ctx context.Context, connString string) (*History, error) {
+	cfg, err := pgconn.ParseConfig(connString)
+	if err != nil {
+		return nil, fmt.Errorf("replication: parse connection string: %w", err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replication: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return ReadHistory(ctx, conn)
+}
+
+// ParseTimelineHistory reads a timeline history file: one line per earlier
+// timeline, "parent_tli<TAB>switchpoint<TAB>reason", comments after '#'.
+func ParseTimelineHistory(content []byte) (map[int32]pglogrepl.LSN, error) {
+	ends := map[int32]pglogrepl.LSN{}
+	sc := bufio.NewScanner(bytes.NewReader(content))
+	for sc.Scan() {
+		line := sc.Text()
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) < 2 {
+			return nil, fmt.Errorf("timeline history line %q: want a timeline and a switch point", sc.Text())
+		}
+		tli, err := strconv.ParseInt(f[0], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("timeline history line %q: timeline: %w", sc.Text(), err)
+		}
+		lsn, err := pglogrepl.ParseLSN(f[1])
+		if err != nil {
+			return nil, fmt.Errorf("timeline history line %q: switch point: %w", sc.Text(), err)
+		}
+		ends[int32(tli)] = lsn
+	}
+	return ends, sc.Err()
+}
