@@ -203,6 +203,8 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				return err
 			}
 			p.produced()
+		case replication.KindRejected:
+			p.rejected(begin, cur != nil, m.Rejected)
 		case replication.KindCommit:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: commit outside a transaction", replication.ErrProtocol)

@@ -113,9 +113,15 @@ type DecoderConfig struct {
 	// column: the default topic, or a poison event).
 	TopicTemplate string
 	// Messages decodes logical decoding messages of prefix MessagePrefix
-	// (written by outbox_emit) as events: the table-less outbox. The stream
-	// asks pgoutput for them (PostgreSQL 14 or later).
-	Messages bool
+	// (written by outbox_emit) as events: the table-less outbox. Only those
+	// whose MAC verifies with MessageKey become events; the others are
+	// KindRejected. The stream asks pgoutput for them (PostgreSQL 14 or
+	// later) only when outbox_emit's key is installed, and fills in
+	// MessageKey when it starts; MessagesRequired makes a missing key an
+	// error instead (--source=messages).
+	Messages         bool
+	MessagesRequired bool
+	MessageKey       *MessageKey
 	// HeaderColumns places further columns as headers, in this order,
 	// after the event-type header and before those of Columns.Headers. A
 	// NULL value sets no header.
@@ -182,6 +188,7 @@ type Decoder struct {
 	tmpl          *topicTemplate
 	hdrCols       []HeaderColumn
 	messages      bool
+	verifier      *messageVerifier
 	rels          map[uint32]*relation
 	inTxn         bool
 	// row holds the value spans of the outbox row being decoded.
@@ -207,6 +214,7 @@ func NewDecoder(cfg DecoderConfig) *Decoder {
 		cols:     cfg.columns(),
 		hdrCols:  cfg.HeaderColumns,
 		messages: cfg.Messages,
+		verifier: newMessageVerifier(cfg.MessageKey),
 		rels:     make(map[uint32]*relation),
 		interned: make(map[string]string),
 	}

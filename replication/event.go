@@ -87,6 +87,9 @@ const (
 	KindBegin
 	KindEvent
 	KindCommit
+	// KindRejected is a message with outboxd's prefix that outbox_emit did
+	// not provably write (Message.Rejected): skipped, never published.
+	KindRejected
 )
 
 func (k Kind) String() string {
@@ -97,6 +100,8 @@ func (k Kind) String() string {
 		return "event"
 	case KindCommit:
 		return "commit"
+	case KindRejected:
+		return "rejected"
 	default:
 		return "none"
 	}
@@ -108,6 +113,8 @@ type Message struct {
 	Begin  Begin
 	Event  Event
 	Commit Commit
+	// Rejected is set for KindRejected.
+	Rejected Rejected
 	// WALStart is the XLogData start position the message came with.
 	WALStart pglogrepl.LSN
 }

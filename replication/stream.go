@@ -164,11 +164,16 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	if s.start, err = pglogrepl.ParseLSN(string(r[3])); err != nil {
 		return fmt.Errorf("replication: slot %q confirmed_flush_lsn: %w", s.cfg.Slot, err)
 	}
+	// Logical decoding messages (outbox_emit) are read only when their
+	// key is installed (and pgoutput sends them: PostgreSQL 14 on).
+	key, err := s.readMessageKey(ctx)
+	if err != nil {
+		return err
+	}
+	s.cfg.Decoder.MessageKey, s.cfg.Decoder.Messages = key, key != nil
+	s.dec = NewDecoder(s.cfg.Decoder)
 	args := []string{"proto_version '1'", "publication_names " + pubLit}
-	if s.cfg.Decoder.Messages && serverMajor(s.conn.ParameterStatus("server_version")) >= 14 {
-		// Logical decoding messages (outbox_emit): pgoutput sends them
-		// from PostgreSQL 14 on; before, nobody can emit what outboxd
-		// reads (slot.Preflight refuses --source=messages there).
+	if s.cfg.Decoder.Messages {
 		args = append(args, "messages 'true'")
 	}
 	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), s.start, pglogrepl.StartReplicationOptions{

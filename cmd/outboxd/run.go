@@ -158,6 +158,11 @@ func prepare(ctx context.Context, o *options, logger *zap.Logger) error {
 	if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
 		return err
 	}
+	if sigs, err := slot.PublicEmitters(ctx, conn); err != nil {
+		logger.Warn("could not check who may execute pg_logical_emit_message", zap.Error(err))
+	} else if w := slot.EmitWarning(sigs); w != "" {
+		logger.Warn(w)
+	}
 	created, err := slot.Ensure(ctx, conn, o.slot, !o.noCreate)
 	if err != nil {
 		return err
