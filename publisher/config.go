@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // Config tunes the pipeline and its supervisor. Start from DefaultConfig.
@@ -12,8 +14,14 @@ type Config struct {
 	// headers, the key and value encodings.
 	Mapping
 	// DeadLetterTopic, when set, receives poison events (those Kafka refuses
-	// for good) instead of halting the service.
+	// for good) and bad events (rows that cannot become a record) instead
+	// of halting the service.
 	DeadLetterTopic string
+	// SkipBadEvent, when set, is the LSN of one bad event to skip (count,
+	// log, and confirm past it) instead of halting on it: what the halt's
+	// message tells the operator to set. An event at that LSN that is not
+	// bad is published as usual.
+	SkipBadEvent pglogrepl.LSN
 	// MaxInFlightEvents and MaxInFlightBytes bound what is produced and not
 	// yet acknowledged. When reached, reading from the slot pauses (status
 	// updates keep flowing).

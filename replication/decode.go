@@ -41,6 +41,8 @@ type DecodeError struct {
 	Err error
 	// Detail says what was wrong.
 	Detail string
+	// bad is the row, for a bad value in an outbox row (see asBadEvent).
+	bad *BadEvent
 }
 
 func (e *DecodeError) Error() string {
@@ -483,8 +485,12 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 		if idKnown {
 			row = "outbox row id=" + ev.IDString() + ": "
 		}
+		id := ""
+		if idKnown {
+			id = ev.IDString()
+		}
 		return &DecodeError{MsgType: 'I', Offset: s.start, Err: ErrBadValue,
-			Detail: fmt.Sprintf("%scolumn %q %s", row, rel.names[s.col], detail)}
+			Detail: fmt.Sprintf("%scolumn %q %s", row, rel.names[s.col], detail), bad: d.badRow(b, rel, id)}
 	}
 	// required returns the text value of a required column.
 	required := func(s span) ([]byte, error) {

@@ -90,6 +90,8 @@ const (
 	// KindRejected is a message with outboxd's prefix that outbox_emit did
 	// not provably write (Message.Rejected): skipped, never published.
 	KindRejected
+	// KindBad is an outbox row that cannot become a record (Message.Bad).
+	KindBad
 )
 
 func (k Kind) String() string {
@@ -102,6 +104,8 @@ func (k Kind) String() string {
 		return "commit"
 	case KindRejected:
 		return "rejected"
+	case KindBad:
+		return "bad"
 	default:
 		return "none"
 	}
@@ -115,6 +119,8 @@ type Message struct {
 	Commit Commit
 	// Rejected is set for KindRejected.
 	Rejected Rejected
+	// Bad is set for KindBad.
+	Bad BadEvent
 	// WALStart is the XLogData start position the message came with.
 	WALStart pglogrepl.LSN
 }

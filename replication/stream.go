@@ -456,7 +456,11 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 		}
 		m, err := s.dec.Decode(xld.WALData)
 		if err != nil {
-			return err
+			// A bad outbox row goes on as KindBad: the consumer diverts,
+			// skips or halts on it; any other error ends the stream.
+			if m, err = asBadEvent(err); err != nil {
+				return err
+			}
 		}
 		if end := xld.WALStart + pglogrepl.LSN(len(xld.WALData)); end > st.received {
 			st.received = end
@@ -469,6 +473,9 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 			return errStopped
 		}
 		m.WALStart = xld.WALStart
+		if m.Kind == KindBad {
+			m.Bad.LSN = xld.WALStart
+		}
 		if m.Kind == KindBegin {
 			m.Begin.Received = time.Now()
 		}
