@@ -4,7 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
 
 	"go.uber.org/zap"
 
@@ -18,6 +22,8 @@ import (
 type BadEventError struct {
 	Event replication.BadEvent
 	Xid   uint32
+	// Skipping are the LSNs already skipped (Config.SkipBadEvents).
+	Skipping []pglogrepl.LSN
 }
 
 func (e *BadEventError) Error() string {
@@ -28,10 +34,14 @@ func (e *BadEventError) Error() string {
 	if e.Event.ID != "" {
 		where += ", id " + e.Event.ID
 	}
+	var flags strings.Builder
+	for _, l := range append(slices.Clone(e.Skipping), e.Event.LSN) {
+		fmt.Fprintf(&flags, " --skip-bad-event %s", l)
+	}
 	return fmt.Sprintf("bad event at LSN %s (%s): %s; nothing was confirmed past it. "+
-		"To skip exactly this event (and nothing else), start outboxd again with --skip-bad-event %s; "+
+		"To skip exactly this event (and nothing else), start outboxd again with%s; "+
 		"or set --dead-letter-topic to divert bad events there and go on",
-		e.Event.LSN, where, e.Event.Reason, e.Event.LSN)
+		e.Event.LSN, where, e.Event.Reason, flags.String())
 }
 
 func (e *BadEventError) Unwrap() error { return replication.ErrBadValue }
@@ -50,14 +60,19 @@ func (c *badCause) Is(target error) bool { return target == kafka.ErrPoison }
 // BadEventError.
 func (p *Pipeline) badEvent(ctx context.Context, t *txn, b replication.Begin, bad *replication.BadEvent) error {
 	fields := []zap.Field{zap.Stringer("lsn", bad.LSN), zap.Uint32("xid", b.Xid), zap.String("table", bad.Table), zap.String("reason", bad.Reason)}
-	if p.cfg.SkipBadEvent != 0 && bad.LSN == p.cfg.SkipBadEvent {
+	if slices.Contains(p.cfg.SkipBadEvents, bad.LSN) {
 		p.m.BadEvents.WithLabelValues("skipped").Inc()
 		p.log.Warn("skipped the bad event --skip-bad-event names", fields...)
 		return nil
 	}
 	if p.dlq == nil {
 		p.m.BadEvents.WithLabelValues("halted").Inc()
-		return &BadEventError{Event: *bad, Xid: b.Xid}
+		// Publish what came before it first, so that the halt leaves
+		// Kafka at the bad event.
+		if err := p.drain(ctx); err != nil {
+			return err
+		}
+		return &BadEventError{Event: *bad, Xid: b.Xid, Skipping: p.cfg.SkipBadEvents}
 	}
 	r := badRecord(b, bad)
 	r.Meta = t

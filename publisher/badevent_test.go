@@ -44,7 +44,7 @@ func TestPipelineBadEventHaltsNamingTheSkip(t *testing.T) {
 // bad event at another LSN still halts.
 func TestPipelineSkipsOnlyTheNamedBadEvent(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.SkipBadEvent = 0x500
+	cfg.SkipBadEvents = []pglogrepl.LSN{0x500}
 	h := startPipeline(t, cfg, nil)
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
@@ -57,8 +57,8 @@ func TestPipelineSkipsOnlyTheNamedBadEvent(t *testing.T) {
 	h.waitConfirmed(2000)
 	h.in <- begin()
 	h.in <- badAt(0x600)
-	if err := h.result(); !errors.Is(err, replication.ErrBadValue) || !strings.Contains(err.Error(), "0/600") {
-		t.Fatalf("Run() = %v, want a halt on the bad event at 0/600", err)
+	if err := h.result(); !errors.Is(err, replication.ErrBadValue) || !strings.Contains(err.Error(), "--skip-bad-event 0/500 --skip-bad-event 0/600") {
+		t.Fatalf("Run() = %v, want a halt on the bad event at 0/600 naming both skips", err)
 	}
 	if n := counterValue(t, h.p.m.BadEvents.WithLabelValues("skipped")); n != 1 {
 		t.Fatalf("skipped %v bad events, want 1", n)

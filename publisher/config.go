@@ -17,11 +17,12 @@ type Config struct {
 	// for good) and bad events (rows that cannot become a record) instead
 	// of halting the service.
 	DeadLetterTopic string
-	// SkipBadEvent, when set, is the LSN of one bad event to skip (count,
-	// log, and confirm past it) instead of halting on it: what the halt's
-	// message tells the operator to set. An event at that LSN that is not
-	// bad is published as usual.
-	SkipBadEvent pglogrepl.LSN
+	// SkipBadEvents are the LSNs of bad events to skip (count, log, and
+	// confirm past them) instead of halting on them: what the halt's
+	// message tells the operator to set. An event at one of them that is
+	// not bad is published as usual. Earlier ones must stay listed until
+	// their transactions are confirmed: they are read again until then.
+	SkipBadEvents []pglogrepl.LSN
 	// MaxInFlightEvents and MaxInFlightBytes bound what is produced and not
 	// yet acknowledged. When reached, reading from the slot pauses (status
 	// updates keep flowing).

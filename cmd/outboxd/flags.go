@@ -100,12 +100,14 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.pub.TxnMaxAge, "kafka-txn-max-age", o.pub.TxnMaxAge, "exactly-once: close the Kafka transaction at the next Postgres commit once it is this old")
 	fs.BoolVar(&o.pub.AcceptGap, "accept-gap", false, "start although the slot is ahead of the checkpoint or the checkpoint is another system's (events in between may be missing from Kafka)")
 	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) and bad events (rows that cannot become a record) here instead of halting")
-	fs.Func("skip-bad-event", "LSN of one bad event to skip instead of halting on it (the halt's message names it); an event at that LSN that is not bad is published", func(v string) error {
-		lsn, err := pglogrepl.ParseLSN(v)
-		if err != nil || lsn == 0 {
-			return fmt.Errorf("%q is not an LSN: copy it from the halt's message, e.g. 0/16B3748", v)
+	fs.Func("skip-bad-event", "LSN of a bad event to skip instead of halting on it (repeatable, or comma-separated; the halt's message gives the flags to use); an event at that LSN that is not bad is published", func(v string) error {
+		for _, s := range strings.Split(v, ",") {
+			lsn, err := pglogrepl.ParseLSN(strings.TrimSpace(s))
+			if err != nil || lsn == 0 {
+				return fmt.Errorf("%q is not an LSN: copy it from the halt's message, e.g. 0/16B3748", s)
+			}
+			o.pub.SkipBadEvents = append(o.pub.SkipBadEvents, lsn)
 		}
-		o.pub.SkipBadEvent = lsn
 		return nil
 	})
 	fs.IntVar(&o.pub.MaxInFlightEvents, "max-in-flight-events", o.pub.MaxInFlightEvents, "events produced and not yet acknowledged before reading pauses")
