@@ -124,6 +124,10 @@ type DecoderConfig struct {
 	Messages         bool
 	MessagesRequired bool
 	MessageKey       *MessageKey
+	// NullPayload makes a NULL payload an event with a nil Payload (a
+	// record with a null value: a tombstone, as Debezium's Outbox Event
+	// Router sends it) instead of a bad event.
+	NullPayload bool
 	// HeaderColumns places further columns as headers, in this order,
 	// after the event-type header and before those of Columns.Headers. A
 	// NULL value sets no header.
@@ -190,6 +194,7 @@ type Decoder struct {
 	tmpl          *topicTemplate
 	hdrCols       []HeaderColumn
 	messages      bool
+	nullPayload   bool
 	verifier      *messageVerifier
 	rels          map[uint32]*relation
 	inTxn         bool
@@ -211,14 +216,15 @@ const (
 // NewDecoder returns a Decoder for the outbox table described by cfg.
 func NewDecoder(cfg DecoderConfig) *Decoder {
 	d := &Decoder{
-		schema:   or(cfg.Schema, "public"),
-		table:    or(cfg.Table, "outbox"),
-		cols:     cfg.columns(),
-		hdrCols:  cfg.HeaderColumns,
-		messages: cfg.Messages,
-		verifier: newMessageVerifier(cfg.MessageKey),
-		rels:     make(map[uint32]*relation),
-		interned: make(map[string]string),
+		schema:      or(cfg.Schema, "public"),
+		table:       or(cfg.Table, "outbox"),
+		cols:        cfg.columns(),
+		hdrCols:     cfg.HeaderColumns,
+		messages:    cfg.Messages,
+		nullPayload: cfg.NullPayload,
+		verifier:    newMessageVerifier(cfg.MessageKey),
+		rels:        make(map[uint32]*relation),
+		interned:    make(map[string]string),
 	}
 	// An invalid template is reported by Validate; here it routes nothing.
 	d.tmpl, _ = parseTopicTemplate(cfg.TopicTemplate)
@@ -525,14 +531,16 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	ev.AggregateID = string(v)
 
 	s := spans[rolePayload]
-	if v, err = required(s); err != nil {
+	switch v, err = required(s); {
+	case s.kind == 'n' && d.nullPayload:
+		// ev.Payload stays nil: a tombstone.
+	case err != nil:
 		return Message{}, err
-	}
-	if rel.oid[rolePayload] == oidBytea {
+	case rel.oid[rolePayload] == oidBytea:
 		if ev.Payload, ok = decodeByteaHex(v); !ok {
 			return Message{}, badValue(s, "is not bytea in hex format: "+quote(v))
 		}
-	} else {
+	default:
 		ev.Payload = make([]byte, len(v))
 		copy(ev.Payload, v)
 	}

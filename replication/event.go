@@ -23,7 +23,8 @@ type Event struct {
 	// Topic is the row's topic; empty when the column is absent or NULL.
 	Topic string
 	// Payload is the stored value exactly: jsonb/json/text as their text form,
-	// bytea as raw bytes.
+	// bytea as raw bytes; nil only for a NULL payload read with
+	// DecoderConfig.NullPayload (never nil otherwise, even when empty).
 	Payload []byte
 	// EventType is the optional event type column; empty when absent or NULL.
 	EventType string
