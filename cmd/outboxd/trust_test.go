@@ -76,6 +76,18 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ic.Close(ctx)
+	// Neither the no-grant role nor one granted outbox_emit can read the key.
+	for _, dsn := range []string{intruder, app} {
+		rc, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = rc.Exec(ctx, `SELECT key FROM outbox_emit_key`)
+		rc.Close(ctx)
+		if err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Fatalf("reading outbox_emit_key as a role without SELECT on it: err %v, want permission denied", err)
+		}
+	}
 	for _, c := range forged {
 		if _, err := ic.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, c); err != nil {
 			t.Fatalf("the no-grant role could not emit (the test needs PUBLIC to hold EXECUTE): %v", err)
