@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -173,4 +175,50 @@ func TestMigrateRevokesEmitFromPublic(t *testing.T) {
 	if _, err := ic.Exec(context.Background(), `SELECT pg_logical_emit_message(true, 'outboxd', 'v1:garbage')`); err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("no-grant role emitting after migrate: err %v, want permission denied", err)
 	}
+}
+
+// TestRunUpgradeFromUnsignedMessages: a database migrated before 007 (an
+// outbox_emit writing unsigned v1 messages, no key) stops outboxd with the
+// fix; after "outboxd migrate" the v1 backlog written before the key was
+// installed is published, a v1 message after it is not, and signed events
+// are.
+func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	old, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", "006_outbox_emit.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version = '007'`)
+	e.exec(string(old))
+	d := startDaemon(t, e.args()...)
+	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `without its MAC key`) ||
+		!strings.Contains(d.out.String(), `run \"outboxd migrate\"`) {
+		t.Fatalf("outboxd on a pre-007 database exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.out.String())
+	}
+	ctx := context.Background()
+	c := e.conn()
+	defer c.Close(ctx)
+	emit := func(payload string) {
+		t.Helper()
+		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.topic, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emit(`{"backlog": 1}`) // the slot exists: the failed run created it
+	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
+	if code := m.wait(60 * time.Second); code != 0 {
+		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	}
+	fields := fmt.Sprintf(`%d:%s1:k2:{}{"late": "v1"}`, len(e.topic), e.topic)
+	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, "v1:"+fields); err != nil {
+		t.Fatal(err)
+	}
+	emit(`{"signed": 2}`)
+	d = e.start()
+	got := values(t, e, e.topic, 2)
+	if strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
+		t.Fatalf("records %q, want the v1 backlog and the signed event, not the v1 message after the upgrade", got)
+	}
+	d.stop()
 }
