@@ -119,11 +119,24 @@ func badRecord(b replication.Begin, bad *replication.BadEvent) *kafka.Record {
 	return &kafka.Record{Value: value, Headers: hs, EventID: bad.ID}
 }
 
-// unroutable reports an event with no topic while no default topic is set
-// as a bad event, with the event's fields as its columns.
-func (p *Pipeline) unroutable(m *replication.Message) (replication.BadEvent, bool) {
+// unpublishable reports an event of transaction t that can never be
+// published as a bad event, with the event's fields as its columns: one
+// with no topic while no default topic is set, and, without a dead-letter
+// topic (with one, the producer's poison path diverts it), one over
+// MaxRecordBytes.
+func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.BadEvent, bool) {
 	ev := &m.Event
-	if ev.Topic != "" || p.cfg.DefaultTopic != "" {
+	var reason string
+	switch {
+	case ev.Topic == "" && p.cfg.DefaultTopic == "":
+		reason = errNoTopic.Error()
+	case p.dlq == nil && p.cfg.MaxRecordBytes > 0 && p.mayBeOversized(ev):
+		r := NewRecord(ev, &p.cfg.Mapping, t.commitTime)
+		if n := r.Size() + kafka.RecordOverhead; n > p.cfg.MaxRecordBytes {
+			reason = fmt.Sprintf("record of %d bytes is larger than the producer's max message bytes (%d, --kafka-max-message-bytes)", r.Size(), p.cfg.MaxRecordBytes)
+		}
+	}
+	if reason == "" {
 		return replication.BadEvent{}, false
 	}
 	cols := []replication.ColumnText{
@@ -134,5 +147,16 @@ func (p *Pipeline) unroutable(m *replication.Message) (replication.BadEvent, boo
 	for _, h := range ev.Headers {
 		cols = append(cols, replication.ColumnText{Name: "header " + h.Key, Value: []byte(h.Value)})
 	}
-	return replication.BadEvent{LSN: m.WALStart, ID: ev.IDString(), Reason: errNoTopic.Error(), Columns: cols}, true
+	return replication.BadEvent{LSN: m.WALStart, ID: ev.IDString(), Reason: reason, Columns: cols}, true
+}
+
+// mayBeOversized is a cheap test that lets most events skip building their
+// record twice: encoding (a JSON string escapes a byte into at most 6)
+// and outboxd's own headers cannot take a smaller event over the limit.
+func (p *Pipeline) mayBeOversized(ev *replication.Event) bool {
+	n := len(ev.AggregateID) + len(ev.Payload) + len(ev.EventType) + len(ev.UUID)
+	for _, h := range ev.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return 6*n+2*len(ev.AggregateID)+512+kafka.RecordOverhead > p.cfg.MaxRecordBytes
 }

@@ -137,3 +137,34 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestPipelineOversizedEventIsBadWithoutDeadLetterTopic: without a
+// dead-letter topic an event over the record limit halts naming the skip,
+// and with the skip its transaction's other events are published.
+func TestPipelineOversizedEventIsBadWithoutDeadLetterTopic(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.MaxRecordBytes = 1000
+	big := event(2, "a", "t")
+	big.WALStart = 0x700
+	big.Event.Payload = []byte(`"` + strings.Repeat("x", 2000) + `"`)
+	h := startPipeline(t, cfg, nil)
+	h.in <- begin()
+	h.in <- event(1, "a", "t")
+	h.in <- big
+	h.prod.ack(h.next()) // the halt publishes what came before first
+	if err := h.result(); !errors.Is(err, replication.ErrBadValue) || !strings.Contains(err.Error(), "--skip-bad-event 0/700") ||
+		!strings.Contains(err.Error(), "max message bytes") {
+		t.Fatalf("Run() = %v, want a bad event naming the size and --skip-bad-event 0/700", err)
+	}
+	cfg.SkipBadEvents = []pglogrepl.LSN{0x700}
+	h = startPipeline(t, cfg, nil)
+	h.in <- begin()
+	h.in <- event(1, "a", "t")
+	h.in <- big
+	h.in <- event(3, "a", "t")
+	h.in <- commit(2000)
+	r1, r3 := h.next(), h.next()
+	if r1.OutboxID != 1 || r3.OutboxID != 3 {
+		t.Fatalf("sent ids %d, %d; want 1 and 3 around the skipped one", r1.OutboxID, r3.OutboxID)
+	}
+}

@@ -23,6 +23,11 @@ type Config struct {
 	// not bad is published as usual. Earlier ones must stay listed until
 	// their transactions are confirmed: they are read again until then.
 	SkipBadEvents []pglogrepl.LSN
+	// MaxRecordBytes is the producer's record limit (kafka.Config's
+	// MaxMessageBytes). Without a dead-letter topic, an event over it is a
+	// bad event found before it is produced, so that the halt names the
+	// --skip-bad-event that skips it. 0: left to the producer.
+	MaxRecordBytes int
 	// MaxInFlightEvents and MaxInFlightBytes bound what is produced and not
 	// yet acknowledged. When reached, reading from the slot pauses (status
 	// updates keep flowing).

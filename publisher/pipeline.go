@@ -199,7 +199,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				continue
 			}
 			p.m.observeReceived(begin)
-			if bad, ok := p.unroutable(&m); ok {
+			if bad, ok := p.unpublishable(cur, &m); ok {
 				if err := p.badEvent(ctx, cur, begin, &bad); err != nil {
 					return err
 				}

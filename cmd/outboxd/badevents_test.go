@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,9 +16,9 @@ import (
 
 // badKinds are outbox rows that cannot become a record, each inserted in a
 // transaction of its own followed by a good row in the same transaction.
-var badKinds = []struct {
-	name, insert, reason string
-}{
+type badKind struct{ name, insert, reason string }
+
+var badKinds = []badKind{
 	{"null payload", `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, NULL)`, `column "payload" is NULL`},
 	{"null key", `INSERT INTO outbox (aggregate_id, topic, payload) VALUES (NULL, $1, '{}')`, `column "aggregate_id" is NULL`},
 	{"headers not strings", `INSERT INTO outbox (aggregate_id, topic, payload, headers) VALUES ('k', $1, '{}', '{"n": 1}')`, "not a JSON object of string values"},
@@ -33,16 +34,21 @@ func badEventsTable(e *env) {
 // transaction.
 func insertBad(t *testing.T, e *env, c *pgx.Conn, i int) {
 	t.Helper()
+	insertKind(t, e, c, badKinds, i)
+}
+
+func insertKind(t *testing.T, e *env, c *pgx.Conn, kinds []badKind, i int) {
+	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, badKinds[i].insert, e.topic); err != nil {
+		if _, err := tx.Exec(ctx, kinds[i].insert, e.topic); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.topic, fmt.Sprintf(`{"good": %d}`, i))
 		return err
 	})
 	if err != nil {
-		t.Fatalf("%s: %v", badKinds[i].name, err)
+		t.Fatalf("%s: %v", kinds[i].name, err)
 	}
 }
 
@@ -133,12 +139,18 @@ func TestRunBadEventsHaltAndSkipExactlyOne(t *testing.T) {
 	badEventsTable(e)
 	c := e.conn()
 	defer c.Close(context.Background())
+	// Without a dead-letter topic an event over the Kafka size limit is
+	// one too.
+	kinds := append(slices.Clone(badKinds), badKind{"over the size limit",
+		`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('big', repeat('x', 5000)))`,
+		"larger than the producer's max message bytes"})
+	limit := []string{"--kafka-max-message-bytes", "4096"}
 	var skip []string
-	for i, k := range badKinds {
-		d := e.start(skip...)
+	for i, k := range kinds {
+		d := e.start(append(slices.Clone(limit), skip...)...)
 		if i == 0 { // the slot exists now
-			for i := range badKinds {
-				insertBad(t, e, c, i)
+			for i := range kinds {
+				insertKind(t, e, c, kinds, i)
 			}
 		}
 		if code := d.wait(60 * time.Second); code == 0 {
@@ -158,9 +170,9 @@ func TestRunBadEventsHaltAndSkipExactlyOne(t *testing.T) {
 			t.Fatalf("after %d skips: %s, want %s", i, got, goodValues(i))
 		}
 	}
-	d := e.start(skip...)
-	if got := distinctValues(t, e.topic, len(badKinds)); got != goodValues(len(badKinds)) {
-		t.Fatalf("after skipping each bad row: %s, want every good row %s", got, goodValues(len(badKinds)))
+	d := e.start(append(limit, skip...)...)
+	if got := distinctValues(t, e.topic, len(kinds)); got != goodValues(len(kinds)) {
+		t.Fatalf("after skipping each bad row: %s, want every good row %s", got, goodValues(len(kinds)))
 	}
 	d.stop()
 }

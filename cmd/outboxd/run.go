@@ -64,6 +64,7 @@ func runCDC(ctx context.Context, o *options) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := publisher.NewMetrics(reg)
 	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
+	o.pub.MaxRecordBytes = kcfg.MaxMessageBytes
 
 	deps := publisher.Deps{
 		OpenSource: func(ctx context.Context) (publisher.Source, error) {
