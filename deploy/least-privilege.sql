@@ -53,6 +53,11 @@ GRANT USAGE ON SCHEMA :"schema" TO :"role";
 -- Inserts only: outboxd publishes INSERTs; updates and deletes of outbox rows
 -- (cleanup jobs) are not decoded for it.
 CREATE PUBLICATION :"publication" FOR TABLE :"schema".:"table" WITH (publish = 'insert');
+-- The key outbox_emit signs its messages with (migration 007), when
+-- installed: outboxd verifies each message with it and refuses to start
+-- without it. Nobody else should read it.
+SELECT format('GRANT SELECT ON %I.outbox_emit_key TO %I', :'schema', :'role')
+WHERE to_regclass(format('%I.outbox_emit_key', :'schema')) IS NOT NULL \gexec
 COMMIT;
 
 -- The polling source (outboxd run --source=poll) reads and marks rows instead

@@ -22,6 +22,10 @@ const (
 	HeaderDLQConsumerGroup   = "dlq-consumer-group"   // consumer: the group that gave up
 	HeaderDLQPayloadBytes    = "dlq-payload-bytes"    // publisher: the value's size, decimal
 	HeaderDLQPayloadOmitted  = "dlq-payload-omitted"  // publisher: "true" when the value was left out
+	HeaderDLQSourceLSN       = "dlq-source-lsn"       // publisher, a bad event: its change's LSN (0/16B3748)
+	HeaderDLQSourceXid       = "dlq-source-xid"       // publisher, a bad event: its transaction id, decimal
+	HeaderDLQSourceTable     = "dlq-source-table"     // publisher, a bad event: schema.table
+	HeaderDLQEventID         = "dlq-event-id"         // publisher, a bad event: its id when it could be read
 )
 
 // ClassPoison is the publisher's dead-letter error class.

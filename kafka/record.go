@@ -37,6 +37,10 @@ type Record struct {
 	Done chan<- *Record
 }
 
+// RecordOverhead bounds a record's framing in a batch: a record is refused
+// as too large when Size()+RecordOverhead exceeds Config.MaxMessageBytes.
+const RecordOverhead = recordOverhead
+
 // Size is the record's key, value and header bytes.
 func (r *Record) Size() int {
 	n := len(r.Key) + len(r.Value)

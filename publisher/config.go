@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // Config tunes the pipeline and its supervisor. Start from DefaultConfig.
@@ -12,8 +14,20 @@ type Config struct {
 	// headers, the key and value encodings.
 	Mapping
 	// DeadLetterTopic, when set, receives poison events (those Kafka refuses
-	// for good) instead of halting the service.
+	// for good) and bad events (rows that cannot become a record) instead
+	// of halting the service.
 	DeadLetterTopic string
+	// SkipBadEvents are the LSNs of bad events to skip (count, log, and
+	// confirm past them) instead of halting on them: what the halt's
+	// message tells the operator to set. An event at one of them that is
+	// not bad is published as usual. Earlier ones must stay listed until
+	// their transactions are confirmed: they are read again until then.
+	SkipBadEvents []pglogrepl.LSN
+	// MaxRecordBytes is the producer's record limit (kafka.Config's
+	// MaxMessageBytes). Without a dead-letter topic, an event over it is a
+	// bad event found before it is produced, so that the halt names the
+	// --skip-bad-event that skips it. 0: left to the producer.
+	MaxRecordBytes int
 	// MaxInFlightEvents and MaxInFlightBytes bound what is produced and not
 	// yet acknowledged. When reached, reading from the slot pauses (status
 	// updates keep flowing).

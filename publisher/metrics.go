@@ -19,6 +19,11 @@ type Metrics struct {
 	PublishedBytes *prometheus.CounterVec
 	ProduceErrors  *prometheus.CounterVec
 	DeadLettered   *prometheus.CounterVec
+	// RejectedMessages counts logical decoding messages with outboxd's
+	// prefix that outbox_emit did not provably write (see rejected.go).
+	RejectedMessages *prometheus.CounterVec
+	// BadEvents counts events that cannot become a record (see badevent.go).
+	BadEvents      *prometheus.CounterVec
 	InFlightEvents prometheus.Gauge
 	InFlightBytes  prometheus.Gauge
 	ConfirmedLSN   prometheus.Gauge
@@ -52,6 +57,7 @@ type Metrics struct {
 	wm        atomic.Pointer[Watermark] // the latest pipeline's
 	lim       atomic.Pointer[limiter]   // the latest pipeline's
 	isStandby atomic.Bool               // mirrors Standby
+	rejects   rejectLog                 // rate-limits rejected-message warnings
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -70,6 +76,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		DeadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_poison_events_diverted_total", Help: "Poison events diverted to the dead-letter topic.",
 		}, []string{"topic"}),
+		RejectedMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_rejected_messages_total", Help: "Logical decoding messages with outboxd's prefix not proven to come from outbox_emit (bad or missing MAC, not transactional, malformed): skipped, never published.",
+		}, []string{"reason"}),
+		BadEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outboxd_bad_events_total", Help: "Outbox rows and messages that cannot become a record (NULL value, bad headers, ...), by what happened: dead_lettered or halted.",
+		}, []string{"outcome"}),
 		InFlightEvents: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "outboxd_in_flight_events", Help: "Events produced and not yet acknowledged.",
 		}),
@@ -134,7 +146,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.SlotPolls.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered,
+		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered, m.RejectedMessages, m.BadEvents,
 			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck, m.CommitToReceive,
 			m.Restarts, m.Standby, m.ServerWALLSN, m.LagBytes, m.SlotRetainedWALBytes,
 			m.SlotPolls, m.LagSeconds, m.ProduceRetries, m.ProduceRecovery, m.StalledSeconds)

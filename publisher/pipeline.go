@@ -199,10 +199,28 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				continue
 			}
 			p.m.observeReceived(begin)
+			if bad, ok := p.unpublishable(cur, &m); ok {
+				if err := p.badEvent(ctx, cur, begin, &bad); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := p.produce(ctx, cur, &m); err != nil {
 				return err
 			}
 			p.produced()
+		case replication.KindBad:
+			if cur == nil {
+				return fmt.Errorf("publisher: %w: bad event outside a transaction", replication.ErrProtocol)
+			}
+			if skipping {
+				continue
+			}
+			if err := p.badEvent(ctx, cur, begin, &m.Bad); err != nil {
+				return err
+			}
+		case replication.KindRejected:
+			p.rejected(begin, cur != nil, m.Rejected)
 		case replication.KindCommit:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: commit outside a transaction", replication.ErrProtocol)

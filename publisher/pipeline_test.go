@@ -227,8 +227,9 @@ func TestPipelineUnroutableEventIsPoison(t *testing.T) {
 	h.in <- begin()
 	h.in <- event(9, "a", "")
 	err := h.result()
-	if !errors.Is(err, kafka.ErrPoison) || !strings.Contains(err.Error(), "outbox id 9") || !strings.Contains(err.Error(), "no topic") {
-		t.Fatalf("Run() = %v, want a poison error naming id 9 and the missing topic", err)
+	if !errors.Is(err, replication.ErrBadValue) || !strings.Contains(err.Error(), "id 9") || !strings.Contains(err.Error(), "no topic") ||
+		!strings.Contains(err.Error(), "--skip-bad-event") {
+		t.Fatalf("Run() = %v, want a bad-event error naming id 9, the missing topic and how to skip it", err)
 	}
 }
 

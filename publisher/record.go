@@ -99,7 +99,7 @@ func NewRecord(ev *replication.Event, m *Mapping, commitTime time.Time) *kafka.R
 	if m.KeyEncoding == JSONString {
 		key = appendJSONString(make([]byte, 0, len(key)+2), key)
 	}
-	if m.ValueEncoding == JSONString {
+	if m.ValueEncoding == JSONString && value != nil { // nil: a tombstone stays null
 		// A bytea payload is escaped as if it were text (JsonConverter
 		// would write base64): keep bytea payloads raw.
 		value = appendJSONString(make([]byte, 0, len(value)+len(value)/8+2), value)

@@ -85,3 +85,12 @@ func TestMappingValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestRecordNilPayloadIsNullValue(t *testing.T) {
+	m := DefaultMapping()
+	m.ValueEncoding = JSONString
+	r := NewRecord(&replication.Event{ID: 1, AggregateID: "k", Topic: "t"}, &m, time.Now())
+	if r.Value != nil {
+		t.Fatalf("value %q, want nil (a tombstone)", r.Value)
+	}
+}

@@ -41,6 +41,8 @@ type DecodeError struct {
 	Err error
 	// Detail says what was wrong.
 	Detail string
+	// bad is the row, for a bad value in an outbox row (see asBadEvent).
+	bad *BadEvent
 }
 
 func (e *DecodeError) Error() string {
@@ -113,9 +115,19 @@ type DecoderConfig struct {
 	// column: the default topic, or a poison event).
 	TopicTemplate string
 	// Messages decodes logical decoding messages of prefix MessagePrefix
-	// (written by outbox_emit) as events: the table-less outbox. The stream
-	// asks pgoutput for them (PostgreSQL 14 or later).
-	Messages bool
+	// (written by outbox_emit) as events: the table-less outbox. Only those
+	// whose MAC verifies with MessageKey become events; the others are
+	// KindRejected. The stream asks pgoutput for them (PostgreSQL 14 or
+	// later) only when outbox_emit's key is installed, and fills in
+	// MessageKey when it starts; MessagesRequired makes a missing key an
+	// error instead (--source=messages).
+	Messages         bool
+	MessagesRequired bool
+	MessageKey       *MessageKey
+	// NullPayload makes a NULL payload an event with a nil Payload (a
+	// record with a null value: a tombstone, as Debezium's Outbox Event
+	// Router sends it) instead of a bad event.
+	NullPayload bool
 	// HeaderColumns places further columns as headers, in this order,
 	// after the event-type header and before those of Columns.Headers. A
 	// NULL value sets no header.
@@ -182,6 +194,8 @@ type Decoder struct {
 	tmpl          *topicTemplate
 	hdrCols       []HeaderColumn
 	messages      bool
+	nullPayload   bool
+	verifier      *messageVerifier
 	rels          map[uint32]*relation
 	inTxn         bool
 	// row holds the value spans of the outbox row being decoded.
@@ -202,13 +216,15 @@ const (
 // NewDecoder returns a Decoder for the outbox table described by cfg.
 func NewDecoder(cfg DecoderConfig) *Decoder {
 	d := &Decoder{
-		schema:   or(cfg.Schema, "public"),
-		table:    or(cfg.Table, "outbox"),
-		cols:     cfg.columns(),
-		hdrCols:  cfg.HeaderColumns,
-		messages: cfg.Messages,
-		rels:     make(map[uint32]*relation),
-		interned: make(map[string]string),
+		schema:      or(cfg.Schema, "public"),
+		table:       or(cfg.Table, "outbox"),
+		cols:        cfg.columns(),
+		hdrCols:     cfg.HeaderColumns,
+		messages:    cfg.Messages,
+		nullPayload: cfg.NullPayload,
+		verifier:    newMessageVerifier(cfg.MessageKey),
+		rels:        make(map[uint32]*relation),
+		interned:    make(map[string]string),
 	}
 	// An invalid template is reported by Validate; here it routes nothing.
 	d.tmpl, _ = parseTopicTemplate(cfg.TopicTemplate)
@@ -475,8 +491,12 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 		if idKnown {
 			row = "outbox row id=" + ev.IDString() + ": "
 		}
+		id := ""
+		if idKnown {
+			id = ev.IDString()
+		}
 		return &DecodeError{MsgType: 'I', Offset: s.start, Err: ErrBadValue,
-			Detail: fmt.Sprintf("%scolumn %q %s", row, rel.names[s.col], detail)}
+			Detail: fmt.Sprintf("%scolumn %q %s", row, rel.names[s.col], detail), bad: d.badRow(b, rel, id)}
 	}
 	// required returns the text value of a required column.
 	required := func(s span) ([]byte, error) {
@@ -511,14 +531,16 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	ev.AggregateID = string(v)
 
 	s := spans[rolePayload]
-	if v, err = required(s); err != nil {
+	switch v, err = required(s); {
+	case s.kind == 'n' && d.nullPayload:
+		// ev.Payload stays nil: a tombstone.
+	case err != nil:
 		return Message{}, err
-	}
-	if rel.oid[rolePayload] == oidBytea {
+	case rel.oid[rolePayload] == oidBytea:
 		if ev.Payload, ok = decodeByteaHex(v); !ok {
 			return Message{}, badValue(s, "is not bytea in hex format: "+quote(v))
 		}
-	} else {
+	default:
 		ev.Payload = make([]byte, len(v))
 		copy(ev.Payload, v)
 	}

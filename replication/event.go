@@ -23,7 +23,8 @@ type Event struct {
 	// Topic is the row's topic; empty when the column is absent or NULL.
 	Topic string
 	// Payload is the stored value exactly: jsonb/json/text as their text form,
-	// bytea as raw bytes.
+	// bytea as raw bytes; nil only for a NULL payload read with
+	// DecoderConfig.NullPayload (never nil otherwise, even when empty).
 	Payload []byte
 	// EventType is the optional event type column; empty when absent or NULL.
 	EventType string
@@ -87,6 +88,11 @@ const (
 	KindBegin
 	KindEvent
 	KindCommit
+	// KindRejected is a message with outboxd's prefix that outbox_emit did
+	// not provably write (Message.Rejected): skipped, never published.
+	KindRejected
+	// KindBad is an outbox row that cannot become a record (Message.Bad).
+	KindBad
 )
 
 func (k Kind) String() string {
@@ -97,6 +103,10 @@ func (k Kind) String() string {
 		return "event"
 	case KindCommit:
 		return "commit"
+	case KindRejected:
+		return "rejected"
+	case KindBad:
+		return "bad"
 	default:
 		return "none"
 	}
@@ -108,6 +118,10 @@ type Message struct {
 	Begin  Begin
 	Event  Event
 	Commit Commit
+	// Rejected is set for KindRejected.
+	Rejected Rejected
+	// Bad is set for KindBad.
+	Bad BadEvent
 	// WALStart is the XLogData start position the message came with.
 	WALStart pglogrepl.LSN
 }

@@ -164,11 +164,16 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	if s.start, err = pglogrepl.ParseLSN(string(r[3])); err != nil {
 		return fmt.Errorf("replication: slot %q confirmed_flush_lsn: %w", s.cfg.Slot, err)
 	}
+	// Logical decoding messages (outbox_emit) are read only when their
+	// key is installed (and pgoutput sends them: PostgreSQL 14 on).
+	key, err := s.readMessageKey(ctx)
+	if err != nil {
+		return err
+	}
+	s.cfg.Decoder.MessageKey, s.cfg.Decoder.Messages = key, key != nil
+	s.dec = NewDecoder(s.cfg.Decoder)
 	args := []string{"proto_version '1'", "publication_names " + pubLit}
-	if s.cfg.Decoder.Messages && serverMajor(s.conn.ParameterStatus("server_version")) >= 14 {
-		// Logical decoding messages (outbox_emit): pgoutput sends them
-		// from PostgreSQL 14 on; before, nobody can emit what outboxd
-		// reads (slot.Preflight refuses --source=messages there).
+	if s.cfg.Decoder.Messages {
 		args = append(args, "messages 'true'")
 	}
 	err = pglogrepl.StartReplication(ctx, s.conn, pgx.Identifier{s.cfg.Slot}.Sanitize(), s.start, pglogrepl.StartReplicationOptions{
@@ -451,7 +456,11 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 		}
 		m, err := s.dec.Decode(xld.WALData)
 		if err != nil {
-			return err
+			// A bad outbox row goes on as KindBad: the consumer diverts,
+			// skips or halts on it; any other error ends the stream.
+			if m, err = asBadEvent(err); err != nil {
+				return err
+			}
 		}
 		if end := xld.WALStart + pglogrepl.LSN(len(xld.WALData)); end > st.received {
 			st.received = end
@@ -464,6 +473,9 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 			return errStopped
 		}
 		m.WALStart = xld.WALStart
+		if m.Kind == KindBad {
+			m.Bad.LSN = xld.WALStart
+		}
 		if m.Kind == KindBegin {
 			m.Begin.Received = time.Now()
 		}

@@ -71,6 +71,18 @@ func cmdMigrate(ctx context.Context, args []string) error {
 	if len(applied) == 0 {
 		fmt.Println("migrate: up to date")
 	}
+	// outbox_emit's messages are authenticated either way; revoking also
+	// stops any role from writing WAL with outboxd's prefix at all.
+	left, err := slot.RevokePublicEmit(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if w := slot.EmitWarning(left); w != "" {
+		logger.Warn("could not revoke pg_logical_emit_message from PUBLIC (needs a superuser)")
+		fmt.Println("migrate: warning:", w)
+	} else {
+		fmt.Println("migrate: PUBLIC cannot execute pg_logical_emit_message")
+	}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -98,7 +99,17 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.IntVar(&o.pub.TxnMaxEvents, "kafka-txn-max-events", o.pub.TxnMaxEvents, "exactly-once: close the Kafka transaction at the next Postgres commit once it holds this many events")
 	fs.DurationVar(&o.pub.TxnMaxAge, "kafka-txn-max-age", o.pub.TxnMaxAge, "exactly-once: close the Kafka transaction at the next Postgres commit once it is this old")
 	fs.BoolVar(&o.pub.AcceptGap, "accept-gap", false, "start although the slot is ahead of the checkpoint or the checkpoint is another system's (events in between may be missing from Kafka)")
-	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) here instead of halting")
+	fs.StringVar(&o.pub.DeadLetterTopic, "dead-letter-topic", "", "divert poison events (refused by Kafka for good) and bad events (rows that cannot become a record) here instead of halting")
+	fs.Func("skip-bad-event", "LSN of a bad event to skip instead of halting on it (repeatable, or comma-separated; the halt's message gives the flags to use); an event at that LSN that is not bad is published", func(v string) error {
+		for _, s := range strings.Split(v, ",") {
+			lsn, err := pglogrepl.ParseLSN(strings.TrimSpace(s))
+			if err != nil || lsn == 0 {
+				return fmt.Errorf("%q is not an LSN: copy it from the halt's message, e.g. 0/16B3748", s)
+			}
+			o.pub.SkipBadEvents = append(o.pub.SkipBadEvents, lsn)
+		}
+		return nil
+	})
 	fs.IntVar(&o.pub.MaxInFlightEvents, "max-in-flight-events", o.pub.MaxInFlightEvents, "events produced and not yet acknowledged before reading pauses")
 	fs.Int64Var(&o.pub.MaxInFlightBytes, "max-in-flight-bytes", o.pub.MaxInFlightBytes, "bytes produced and not yet acknowledged before reading pauses")
 	fs.DurationVar(&o.pub.ShutdownTimeout, "shutdown-timeout", o.pub.ShutdownTimeout, "on SIGINT/SIGTERM, wait this long for in-flight acknowledgements")

@@ -68,6 +68,7 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	registerBuildInfo(reg)
 	metrics := publisher.NewMetrics(reg)
 	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
+	o.pub.MaxRecordBytes = kcfg.MaxMessageBytes
 
 	deps := publisher.Deps{
 		OpenSource: func(ctx context.Context) (publisher.Source, error) {
@@ -172,6 +173,11 @@ func prepare(ctx context.Context, o *options, logger *zap.Logger) (slotCreated b
 	defer conn.Close(context.Background())
 	if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
 		return false, err
+	}
+	if sigs, err := slot.PublicEmitters(ctx, conn); err != nil {
+		logger.Warn("could not check who may execute pg_logical_emit_message", zap.Error(err))
+	} else if w := slot.EmitWarning(sigs); w != "" {
+		logger.Warn(w)
 	}
 	created, err := slot.Ensure(ctx, conn, o.slot, !o.noCreate)
 	if err != nil {

@@ -97,10 +97,13 @@ func (o *options) shape() error {
 		hcs = append(hcs, replication.HeaderColumn{Column: col, Header: hdr})
 	}
 	// Under CDC, outbox_emit messages are events as well as the table's
-	// rows (pgoutput sends them from PostgreSQL 14 on); --source=messages
-	// reads only them, with no table.
+	// rows when outbox_emit's key is installed (pgoutput sends them from
+	// PostgreSQL 14 on); --source=messages reads only them, with no table,
+	// and needs the key.
 	dec := replication.DecoderConfig{Schema: o.slot.Schema, Table: o.slot.Table, Columns: cols, TopicTemplate: tmpl, HeaderColumns: hcs,
-		Messages: o.poll.source == sourceCDC || o.poll.source == sourceMessages}
+		Messages: o.poll.source == sourceCDC || o.poll.source == sourceMessages, MessagesRequired: o.poll.source == sourceMessages,
+		// Debezium's router sends a NULL payload as a null value.
+		NullPayload: s.format == formatDebezium}
 	switch o.poll.source {
 	case sourceCDC, sourcePoll, "":
 	case sourceMessages:

@@ -285,3 +285,39 @@ func TestRunPartitionedOutbox(t *testing.T) {
 		t.Fatalf("%d records, %d distinct, want all 200 rows once", len(got), len(seen))
 	}
 }
+
+// TestRunDebeziumNullPayloadIsTombstone: with --format=debezium a NULL
+// payload is a record with a null value and the usual id header, as
+// Debezium's Outbox Event Router sends it, and the rows after it arrive.
+func TestRunDebeziumNullPayloadIsTombstone(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	k := testenv.Kafka(t)
+	table := debeziumTable(e)
+	typ := "Order_" + table
+	createTopic(t, k.Brokers, "outbox.event."+typ, 1)
+	d := e.start("--table", table, "--format", "debezium", "--header-column", "type=eventType")
+	c := e.conn()
+	defer c.Close(context.Background())
+	var ids []string
+	for _, p := range []*string{ptr(`{"n": 1}`), nil, ptr(`{"n": 3}`)} {
+		var id string
+		if err := c.QueryRow(context.Background(), fmt.Sprintf(`INSERT INTO %q (aggregatetype, aggregateid, type, payload)
+			VALUES ($1, 'order-1', 'Deleted', $2::jsonb) RETURNING id::text`, table), typ, p).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	got := k.ReadAll(t, "outbox.event."+typ, 3, 60*time.Second)
+	d.stop()
+	if len(got) != 3 {
+		t.Fatalf("%d records, want 3: the tombstone and the rows around it", len(got))
+	}
+	m := got[1]
+	if m.Value != nil || string(m.Key) != `"order-1"` || header(m, "id") != ids[1] || header(m, "eventType") != "Deleted" {
+		t.Fatalf("NULL payload: key %s value %q headers %q, want key \"order-1\", a null value, id=%s and eventType=Deleted", m.Key, m.Value, headerPairs(m), ids[1])
+	}
+	if string(got[2].Value) != `"{\"n\": 3}"` || header(got[2], "id") != ids[2] {
+		t.Fatalf("row after the tombstone: value %s headers %q", got[2].Value, headerPairs(got[2]))
+	}
+}

@@ -21,8 +21,10 @@ import (
 
 // statusReport is what "outboxd status --json" prints.
 type statusReport struct {
-	OK          bool              `json:"ok"`
-	Problems    []string          `json:"problems"`
+	OK       bool     `json:"ok"`
+	Problems []string `json:"problems"`
+	// Warnings do not fail the status (exit 0).
+	Warnings    []string          `json:"warnings"`
 	Slot        statusSlot        `json:"slot"`
 	Publication statusPublication `json:"publication"`
 	Checkpoint  *statusCheckpoint `json:"checkpoint,omitempty"`
@@ -173,6 +175,14 @@ func buildStatus(ctx context.Context, conn *pgx.Conn, cfg slot.Config, lim statu
 	case rep.Slot.Exists && !slices.Contains(rep.Publication.Tables, table):
 		problem("publication %q does not publish %s", cfg.Publication, table)
 	}
+	rep.Warnings = []string{}
+	sigs, err := slot.PublicEmitters(ctx, conn)
+	if err != nil {
+		return rep, err
+	}
+	if w := slot.EmitWarning(sigs); w != "" {
+		rep.Warnings = append(rep.Warnings, w)
+	}
 	rep.OK = len(rep.Problems) == 0
 	return rep, nil
 }
@@ -260,6 +270,9 @@ func printStatus(w io.Writer, rep statusReport) error {
 	}
 	for _, p := range rep.Problems {
 		fmt.Fprintf(w, "  - %s\n", p)
+	}
+	for _, x := range rep.Warnings {
+		fmt.Fprintf(w, "  warning: %s\n", x)
 	}
 	return nil
 }

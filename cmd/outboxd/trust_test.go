@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// loginRole creates a role that can log in, with no grants at all unless
+// grants (SQL with %s for the role) say so, dropped at cleanup, and returns
+// a DSN that logs in as it.
+func (e *env) loginRole(prefix string, grants ...string) string {
+	e.t.Helper()
+	role := testenv.UniqueName(prefix)
+	e.exec(`CREATE ROLE ` + pgx.Identifier{role}.Sanitize() + ` LOGIN`)
+	e.t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), e.dsn)
+		if err != nil {
+			return
+		}
+		defer c.Close(context.Background())
+		q := pgx.Identifier{role}.Sanitize()
+		_, _ = c.Exec(context.Background(), `DROP OWNED BY `+q+`; DROP ROLE `+q)
+	})
+	for _, g := range grants {
+		e.exec(fmt.Sprintf(g, pgx.Identifier{role}.Sanitize()))
+	}
+	u, err := url.Parse(e.dsn)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u.User = url.User(role)
+	return u.String()
+}
+
+// TestRunForgedMessagesNeitherPublishedNorHalting: a role with no grants at
+// all (PUBLIC may still execute pg_logical_emit_message, as when migrate
+// could not revoke it) emits malformed content and content shaped like
+// outbox_emit's, old and new format, with outboxd's prefix. outboxd stays
+// up, publishes none of it and counts it; the table's rows before and after
+// and a granted role's outbox_emit events arrive, in commit order.
+func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	intruder := e.loginRole("nogrant")
+	app := e.loginRole("app", `GRANT EXECUTE ON FUNCTION outbox_emit(text, text, jsonb, jsonb) TO %s`)
+	d, base := e.startWithMetrics()
+	d.waitLog("streaming", 60*time.Second)
+	ctx := context.Background()
+	owner := e.conn()
+	defer owner.Close(ctx)
+	insert := func(n int) {
+		t.Helper()
+		if _, err := owner.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.topic, fmt.Sprintf(`{"row": %d}`, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fields := fmt.Sprintf(`%d:%s1:k2:{}{"forged": 1}`, len(e.topic), e.topic)
+	forged := []string{
+		"v1:garbage",
+		"v1:" + fields,
+		"v2:" + strings.Repeat("0", 64) + ":" + fields,
+		"v2:" + fields,
+		"v9:anything",
+	}
+	insert(1)
+	ic, err := pgx.Connect(ctx, intruder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ic.Close(ctx)
+	// Neither the no-grant role nor one granted outbox_emit can read the key.
+	for _, dsn := range []string{intruder, app} {
+		rc, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = rc.Exec(ctx, `SELECT key FROM outbox_emit_key`)
+		rc.Close(ctx)
+		if err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Fatalf("reading outbox_emit_key as a role without SELECT on it: err %v, want permission denied", err)
+		}
+	}
+	for _, c := range forged {
+		if _, err := ic.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, c); err != nil {
+			t.Fatalf("the no-grant role could not emit (the test needs PUBLIC to hold EXECUTE): %v", err)
+		}
+	}
+	// In one transaction with a real event and a forged one: the real one
+	// still arrives.
+	if _, err := ic.Exec(ctx, `SELECT pg_logical_emit_message(false, 'outboxd', $1::text)`, "v1:"+fields); err != nil {
+		t.Fatal(err)
+	}
+	insert(2)
+	ac, err := pgx.Connect(ctx, app)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ac.Close(ctx)
+	if _, err := ac.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"emitted": 3}')`, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, owner, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, "v1:"+fields); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"emitted": 4}')`, e.topic)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	insert(5)
+	got := testenv.Kafka(t).ReadAll(t, e.topic, 5, 60*time.Second)
+	var vs []string
+	for _, m := range got {
+		vs = append(vs, string(m.Value))
+	}
+	want := `{"row": 1} {"row": 2} {"emitted": 3} {"emitted": 4} {"row": 5}`
+	if strings.Join(vs, " ") != want {
+		t.Fatalf("records %q, want %s (nothing forged)", vs, want)
+	}
+	if d.exited() {
+		t.Fatalf("outboxd exited:\n%s", d.out.String())
+	}
+	var total float64
+	for _, r := range []string{"bad_mac", "malformed", "unauthenticated_v1", "unknown_format", "not_transactional"} {
+		total += scrape(t, base)[`outboxd_rejected_messages_total{reason="`+r+`"}`]
+	}
+	if total != float64(len(forged)+2) {
+		t.Errorf("outboxd_rejected_messages_total sums to %v, want %d", total, len(forged)+2)
+	}
+	if !strings.Contains(d.out.String(), "did not write") || !strings.Contains(d.out.String(), `"xid"`) {
+		t.Errorf("no warning with the LSN and xid of a skipped message:\n%s", d.out.String())
+	}
+	d.stop()
+}
+
+// TestMigrateRevokesEmitFromPublic: status warns while PUBLIC can execute
+// pg_logical_emit_message; migrate (as a superuser) revokes it, after which
+// a no-grant role cannot emit at all and the warning is gone.
+func TestMigrateRevokesEmitFromPublic(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	intruder := e.loginRole("nogrant")
+	status := func() string {
+		d := startDaemon(t, "status", "--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot, "--allow-inactive")
+		d.wait(60 * time.Second)
+		return d.out.String()
+	}
+	if out := status(); !strings.Contains(out, "warning: PUBLIC can execute pg_logical_emit_message") {
+		t.Fatalf("status before migrate: no warning about PUBLIC:\n%s", out)
+	}
+	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
+	if code := m.wait(60 * time.Second); code != 0 || !strings.Contains(m.out.String(), "PUBLIC cannot execute pg_logical_emit_message") {
+		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	}
+	if out := status(); strings.Contains(out, "PUBLIC can execute") {
+		t.Fatalf("status after migrate still warns:\n%s", out)
+	}
+	ic, err := pgx.Connect(context.Background(), intruder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ic.Close(context.Background())
+	if _, err := ic.Exec(context.Background(), `SELECT pg_logical_emit_message(true, 'outboxd', 'v1:garbage')`); err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("no-grant role emitting after migrate: err %v, want permission denied", err)
+	}
+}
+
+// TestRunUpgradeFromUnsignedMessages: a database migrated before 007 (an
+// outbox_emit writing unsigned v1 messages, no key) stops outboxd with the
+// fix; after "outboxd migrate" the v1 backlog written before the key was
+// installed is published, a v1 message after it is not, and signed events
+// are.
+func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	old, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", "006_outbox_emit.sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version = '007'`)
+	e.exec(string(old))
+	d := startDaemon(t, e.args()...)
+	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `without its MAC key`) ||
+		!strings.Contains(d.out.String(), `run \"outboxd migrate\"`) {
+		t.Fatalf("outboxd on a pre-007 database exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.out.String())
+	}
+	ctx := context.Background()
+	c := e.conn()
+	defer c.Close(ctx)
+	emit := func(payload string) {
+		t.Helper()
+		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.topic, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emit(`{"backlog": 1}`) // the slot exists: the failed run created it
+	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
+	if code := m.wait(60 * time.Second); code != 0 {
+		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	}
+	fields := fmt.Sprintf(`%d:%s1:k2:{}{"late": "v1"}`, len(e.topic), e.topic)
+	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, "v1:"+fields); err != nil {
+		t.Fatal(err)
+	}
+	emit(`{"signed": 2}`)
+	d = e.start()
+	got := values(t, e, e.topic, 2)
+	if strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
+		t.Fatalf("records %q, want the v1 backlog and the signed event, not the v1 message after the upgrade", got)
+	}
+	d.stop()
+}

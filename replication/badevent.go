@@ -1,0 +1,58 @@
+package replication
+
+import (
+	"errors"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// BadEvent is an outbox row that cannot become a record: a NULL where a
+// value is required, an id that is not an integer, headers that are not an
+// object of strings, ... The stream hands it on (KindBad) instead of
+// failing, so that the consumer decides: divert it to the dead-letter topic,
+// skip it when told to, or halt naming it.
+type BadEvent struct {
+	// LSN is the position of the row's change (XLogData.WALStart), unique
+	// per event: what --skip-bad-event names. Set by the stream.
+	LSN pglogrepl.LSN
+	// Table is the outbox table, schema-qualified.
+	Table string
+	// ID is the event id's text when it was read; empty otherwise.
+	ID string
+	// Reason says what is wrong (the decode error's text).
+	Reason string
+	// Columns are the row's values as sent, in column order.
+	Columns []ColumnText
+}
+
+// ColumnText is one column of a bad row: its text, or NULL.
+type ColumnText struct {
+	Name  string
+	Value []byte // the text as sent; for a 'u' (unchanged TOAST) value, empty
+	Null  bool
+}
+
+// asBadEvent turns a decode error that names a bad outbox row into a
+// KindBad message; any other error is returned as is.
+func asBadEvent(err error) (Message, error) {
+	var de *DecodeError
+	if !errors.As(err, &de) || de.bad == nil {
+		return Message{}, err
+	}
+	b := *de.bad
+	b.Reason = de.Error()
+	return Message{Kind: KindBad, Bad: b}, nil
+}
+
+// badRow is the BadEvent of the outbox row in d.row, whose values are in b.
+func (d *Decoder) badRow(b []byte, rel *relation, id string) *BadEvent {
+	ev := &BadEvent{Table: d.schema + "." + d.table, ID: id, Columns: make([]ColumnText, len(d.row))}
+	for i, s := range d.row {
+		c := ColumnText{Name: rel.names[i], Null: s.kind == 'n'}
+		if s.kind == 't' || s.kind == 'b' {
+			c.Value = append([]byte(nil), b[s.start:s.end]...)
+		}
+		ev.Columns[i] = c
+	}
+	return ev
+}
