@@ -179,6 +179,9 @@ func (p *Producer) initTransactional() error {
 		if err != nil {
 			return err
 		}
+		if errors.Is(resp.Err, sarama.ErrInvalidTransactionTimeout) {
+			return fmt.Errorf("--kafka-txn-timeout=%s is above the brokers' transaction.max.timeout.ms: lower it, or raise that broker setting: %w", p.cfg.TransactionTimeout, resp.Err)
+		}
 		if !errors.Is(resp.Err, sarama.ErrNoError) {
 			return resp.Err
 		}
