@@ -1,0 +1,218 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// A real broker: a topic deleted while records stream to it. No panic;
+// every record comes back exactly once (acknowledged before the delete,
+// poison or a produce error after it); once the topic is created again a
+// new producer — what the session's restart makes — publishes to it.
+func TestKafkaProducerTopicDeletedUnderLoadRealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	k := testenv.Kafka(t)
+	topic := k.Topic(t, "deleted", 3)
+	cfg := DefaultConfig()
+	cfg.Brokers = k.Brokers
+	cfg.DeliveryTimeout = 20 * time.Second
+	cfg.UnknownTopicTimeout = 3 * time.Second
+	p, err := NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sent := make(chan int, 1)
+	go func() { // load: batches of 20 records over 20 keys
+		n := 0
+		for ctx.Err() == nil {
+			batch := make([]*Record, 20)
+			for i := range batch {
+				n++
+				batch[i] = rec(int64(n), topic, fmt.Sprint("k", n%20))
+			}
+			if p.SendBatch(ctx, batch) != nil {
+				n -= len(batch)
+				break
+			}
+		}
+		sent <- n
+	}()
+	var acked, poison, failed int
+	deletedAt := time.Time{}
+	start := time.Now()
+	deadline := time.After(60 * time.Second)
+	for poison == 0 {
+		select {
+		case r := <-p.Results():
+			switch {
+			case r.Err == nil:
+				acked++
+			case errors.Is(r.Err, ErrPoison):
+				poison++
+			default:
+				failed++
+			}
+		case <-deadline:
+			t.Fatalf("no poison event 60s after the delete (acked %d, failed %d)", acked, failed)
+		}
+		if acked >= 2000 && deletedAt.IsZero() {
+			admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.DeleteTopic(topic); err != nil {
+				t.Fatal(err)
+			}
+			admin.Close()
+			deletedAt = time.Now()
+		}
+	}
+	refusedAfter := time.Since(deletedAt)
+	cancel()
+	n := <-sent
+	p.Close()
+	for r := range p.Results() {
+		switch {
+		case r.Err == nil:
+			acked++
+		case errors.Is(r.Err, ErrPoison):
+			poison++
+		default:
+			failed++
+		}
+	}
+	if acked+poison+failed != n {
+		t.Fatalf("%d records came back (%d acked, %d poison, %d failed), %d were sent", acked+poison+failed, acked, poison, failed, n)
+	}
+	t.Logf("sent %d: acked %d, poison %d, failed %d; first poison %s after the delete (load ran %s before it)",
+		n, acked, poison, failed, refusedAfter.Round(time.Millisecond), deletedAt.Sub(start).Round(time.Millisecond))
+
+	// Recreated: a new producer publishes to it.
+	recreate(t, k, topic)
+	p2, err := NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		p2.Close()
+		for range p2.Results() {
+		}
+	}()
+	for i := 1; i <= 100; i++ {
+		if err := p2.Send(context.Background(), rec(int64(i), topic, fmt.Sprint("k", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range results(t, p2, 100) {
+		if r.Err != nil {
+			t.Fatalf("record %d to the recreated topic: %v", r.OutboxID, r.Err)
+		}
+	}
+}
+
+// recreate creates topic again once the brokers finished deleting it.
+func recreate(t *testing.T, k *testenv.KafkaEnv, topic string) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 3, ReplicationFactor: 1}, false)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, sarama.ErrTopicAlreadyExists) || time.Now().After(deadline) {
+			t.Fatalf("recreate %s: %v", topic, err)
+		}
+		time.Sleep(100 * time.Millisecond) // polling: the delete completes asynchronously
+	}
+}
+
+// A real broker with transactional.id.expiration.ms lowered to 20 s: a
+// transactional producer idle past it meets INVALID_PRODUCER_ID_MAPPING.
+// That is ErrTxnLost (the session restarts), never ErrFenced (a halt), and
+// a new producer with the same transactional id publishes again.
+func TestKafkaTransactionalIDExpiredRealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	srv := testenv.StartKafkaWith(t, map[string]string{
+		"transactional.id.expiration.ms":                             "20000",
+		"transaction.remove.expired.transaction.cleanup.interval.ms": "1000",
+	})
+	k := &testenv.KafkaEnv{Brokers: srv.Brokers}
+	topic := k.Topic(t, "expire", 1)
+	cfg := txnConfig(srv.Brokers, "tx-expire")
+	cfg.TransactionTimeout = 10 * time.Second
+	cfg.DeliveryTimeout = 5 * time.Second
+	p := newTestProducer(t, cfg)
+	sendAll(t, p, rec(1, topic, "a"))
+	if r := results(t, p, 1)[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := p.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	idle := time.Now()
+	waitTxnIDGone(t, srv.Brokers, "tx-expire")
+	t.Logf("transactional id forgotten after %s idle", time.Since(idle).Round(time.Second))
+	sendAll(t, p, rec(2, topic, "a"))
+	r := results(t, p, 1)[0]
+	cerr := p.Commit(context.Background())
+	if errors.Is(r.Err, ErrFenced) || errors.Is(cerr, ErrFenced) {
+		t.Fatalf("taken for a fencing: record %v, commit %v", r.Err, cerr)
+	}
+	if r.Err == nil || !errors.Is(cerr, ErrTxnLost) {
+		t.Fatalf("record %v, commit %v: want the record failed and the commit ErrTxnLost", r.Err, cerr)
+	}
+	t.Logf("after expiry: record: %v; commit: %v", r.Err, cerr)
+	// The session's restart: a new producer, the same id.
+	p2 := newTestProducer(t, cfg)
+	sendAll(t, p2, rec(2, topic, "a"))
+	if r := results(t, p2, 1)[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if err := p2.Commit(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := readCommitted(t, srv.Brokers, topic, 2); fmt.Sprint(got) != "[1 2]" {
+		t.Fatalf("read_committed saw %v, want [1 2]", got)
+	}
+}
+
+// waitTxnIDGone polls DescribeTransactions until the coordinator no longer
+// knows id.
+func waitTxnIDGone(t *testing.T, brokers []string, id string) {
+	t.Helper()
+	cl := newKgoClient(t, brokers)
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		req := kmsg.NewDescribeTransactionsRequest()
+		req.TransactionalIDs = []string{id}
+		resp, err := req.RequestWith(context.Background(), cl)
+		if err == nil && len(resp.TransactionStates) == 1 && resp.TransactionStates[0].ErrorCode == 105 {
+			return // TRANSACTIONAL_ID_NOT_FOUND
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("transactional id %s still known after 90s (err %v)", id, err)
+		}
+		time.Sleep(500 * time.Millisecond) // polling the coordinator
+	}
+}
