@@ -44,7 +44,7 @@ func EnsureCompactedTopic(cfg Config, topic string) error {
 		"min.cleanable.dirty.ratio": str("0.1"),
 	}}, false)
 	if errors.Is(err, sarama.ErrTopicAuthorizationFailed) || errors.Is(err, sarama.ErrClusterAuthorizationFailed) {
-		return &ACLError{Operation: "Create", ResourceType: "topic", Resource: topic, Err: err}
+		return &ACLError{Operation: "Create", ResourceType: "topic", Resource: topic, Principal: cfg.Security.SASLUser, Err: err}
 	}
 	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) {
 		return fmt.Errorf("kafka: create the compacted topic %q (create it yourself with cleanup.policy=compact): %w", topic, err)

@@ -68,12 +68,17 @@ type ACLError struct {
 	Operation    string // as kafka-acls.sh spells it: Write, Create, Describe, Read
 	ResourceType string // transactional-id, topic, group, cluster
 	Resource     string
+	Principal    string // the SASL user, when known
 	Err          error
 }
 
 func (e *ACLError) Error() string {
-	return fmt.Sprintf("kafka: not authorized: outboxd's principal lacks the %s ACL on %s %q; grant it with: kafka-acls.sh --bootstrap-server <broker> --command-config <admin.properties> --add --allow-principal User:<outboxd's user> --operation %s --%s %s (%v)",
-		e.Operation, e.ResourceType, e.Resource, e.Operation, e.ResourceType, e.Resource, e.Err)
+	principal := e.Principal
+	if principal == "" {
+		principal = "<outboxd's user>"
+	}
+	return fmt.Sprintf("kafka: not authorized: outboxd's principal lacks the %s ACL on %s %q; grant it with: kafka-acls.sh --bootstrap-server <broker> --command-config <admin.properties> --add --allow-principal User:%s --operation %s --%s %s (%v)",
+		e.Operation, e.ResourceType, e.Resource, principal, e.Operation, e.ResourceType, e.Resource, e.Err)
 }
 
 // Unwrap matches ErrNotAuthorized and the cause.

@@ -77,7 +77,7 @@ func (p *Producer) classifyTxnErr(err error) error {
 	case errors.Is(err, sarama.ErrProducerFenced):
 		return fmt.Errorf("%w: %w", ErrFenced, err)
 	case errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed):
-		return &ACLError{Operation: "Write", ResourceType: "transactional-id", Resource: p.cfg.TransactionalID, Err: err}
+		return &ACLError{Operation: "Write", ResourceType: "transactional-id", Resource: p.cfg.TransactionalID, Principal: p.cfg.Security.SASLUser, Err: err}
 	case errors.Is(err, sarama.ErrInvalidProducerEpoch), errors.Is(err, sarama.ErrInvalidProducerIDMapping):
 		lost := fmt.Errorf("%w: %w", ErrTxnLost, err)
 		if open := p.txnAge(); open >= p.cfg.TransactionTimeout {
