@@ -354,7 +354,6 @@ func (p *Producer) shutdown() {
 		}
 		t.pending = nil
 		for _, ps := range t.parts {
-			ps.failed = ErrProducerClosed
 			p.stopPartition(ps, ErrProducerClosed) // in flight: settled by its response
 		}
 	}
