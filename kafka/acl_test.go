@@ -18,6 +18,7 @@ func TestKafkaMissingACLsAreNamed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka")
 	}
+	t.Parallel()
 	ks := testenv.StartKafkaSASLACL(t)
 	admin, err := sarama.NewClusterAdmin(ks.Brokers, (&testenv.KafkaEnv{Brokers: ks.Brokers}).Config())
 	if err != nil {

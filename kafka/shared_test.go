@@ -153,6 +153,7 @@ func TestKafkaTransactionalIDExpiredRealBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka")
 	}
+	t.Parallel()
 	srv := testenv.StartKafkaWith(t, map[string]string{
 		"transactional.id.expiration.ms":                             "20000",
 		"transaction.remove.expired.transaction.cleanup.interval.ms": "1000",
@@ -215,4 +216,106 @@ func waitTxnIDGone(t *testing.T, brokers []string, id string) {
 		}
 		time.Sleep(500 * time.Millisecond) // polling the coordinator
 	}
+}
+
+// A real 3-broker cluster: a topic's partitions grow from 1 to 3 while records of 20
+// keys stream to it. The periodic refresh notices; records routed by the old
+// count are acknowledged before any by the new one, so each key's records
+// are in id order across the move: every record of a key in its old
+// partition precedes every one in its new partition.
+func TestKafkaProducerPartitionsAddedUnderLoadRealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	t.Parallel()
+	// Three brokers: the new partitions have other leaders than the old one,
+	// so without the drain their records would go out beside the old
+	// partition's, in requests of their own.
+	c := testenv.StartKafkaCluster(t, 3)
+	topic := c.CreateTopic(t, "grow", 1)
+	cfg := DefaultConfig()
+	cfg.Brokers = c.Brokers()
+	cfg.MetadataRefresh = 200 * time.Millisecond
+	var p *Producer
+	waitFor(t, func() bool { // a new cluster's coordinator may still be loading
+		var err error
+		p, err = NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+		return err == nil
+	})
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		for ctx.Err() == nil && n < 200000 {
+			batch := make([]*Record, 20)
+			for i := range batch {
+				n++
+				batch[i] = rec(int64(n), topic, fmt.Sprint("k", n%20))
+			}
+			if p.SendBatch(ctx, batch) != nil {
+				n -= len(batch)
+				break
+			}
+		}
+		sent <- n
+	}()
+	type ack struct {
+		id   int64
+		part int32
+	}
+	byKey := map[string][]ack{}
+	got, grownAt := 0, 0
+	movedKeys := func() int {
+		n := 0
+		for _, acks := range byKey {
+			if acks[len(acks)-1].part != acks[0].part {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.After(90 * time.Second)
+	for got < 2000 || grownAt == 0 || movedKeys() < 10 || got < grownAt+5000 {
+		select {
+		case r := <-p.Results():
+			if r.Err != nil {
+				t.Fatalf("record %d: %v", r.OutboxID, r.Err)
+			}
+			got++
+			key := string(r.Key)
+			byKey[key] = append(byKey[key], ack{r.OutboxID, r.Partition})
+		case <-deadline:
+			t.Fatalf("after 90s: %d acknowledged, grown at %d, %d keys moved", got, grownAt, movedKeys())
+		}
+		if got == 2000 && grownAt == 0 {
+			admin, err := sarama.NewClusterAdmin(c.Brokers(), c.Config())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := admin.CreatePartitions(topic, 3, nil, false); err != nil {
+				t.Fatal(err)
+			}
+			admin.Close()
+			grownAt = got
+		}
+	}
+	cancel()
+	<-sent
+	for key, acks := range byKey {
+		moved := false
+		for i := 1; i < len(acks); i++ {
+			if acks[i].id < acks[i-1].id {
+				t.Fatalf("key %s: record %d acknowledged after %d", key, acks[i].id, acks[i-1].id)
+			}
+			if acks[i].part != acks[i-1].part {
+				if moved {
+					t.Fatalf("key %s moved partitions twice (record %d)", key, acks[i].id)
+				}
+				moved = true
+			}
+		}
+	}
+	t.Logf("%d acknowledged, partitions 1→3 after %d; %d of 20 keys moved, each once, in id order", got, grownAt, movedKeys())
 }
