@@ -162,7 +162,7 @@ func (p *Producer) unknownTopic(t *topicState, err error, now time.Time) {
 		p.log.Error("kafka topic missing: its records are poison", zap.String("topic", t.name),
 			zap.Duration("unknown_for", now.Sub(t.unknownSince)), zap.Error(err))
 	}
-	t.missing = fmt.Errorf("topic unknown to the brokers for %s (deleted or never created): %w", now.Sub(t.unknownSince).Round(time.Millisecond), err)
+	t.missing = fmt.Errorf("topic still unknown to the brokers after %s of lookups (deleted or never created; see --kafka-unknown-topic-timeout): %w", p.cfg.UnknownTopicTimeout, err)
 	t.resolveAt = time.Time{}
 	pending := t.pending
 	t.pending = nil
