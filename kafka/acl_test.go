@@ -28,8 +28,10 @@ func TestKafkaMissingACLsAreNamed(t *testing.T) {
 	user := "User:" + ks.User
 	allow := func(rt sarama.AclResourceType, name string, op sarama.AclOperation) {
 		t.Helper()
-		err := admin.CreateACL(sarama.Resource{ResourceType: rt, ResourceName: name, ResourcePatternType: sarama.AclPatternLiteral},
-			sarama.Acl{Principal: user, Host: "*", Operation: op, PermissionType: sarama.AclPermissionAllow})
+		err := admin.CreateACLs([]*sarama.ResourceAcls{{
+			Resource: sarama.Resource{ResourceType: rt, ResourceName: name, ResourcePatternType: sarama.AclPatternLiteral},
+			Acls:     []*sarama.Acl{{Principal: user, Host: "*", Operation: op, PermissionType: sarama.AclPermissionAllow}},
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}
