@@ -219,7 +219,7 @@ func waitTxnIDGone(t *testing.T, brokers []string, id string) {
 	}
 }
 
-// A real 3-broker cluster: a topic's partitions grow from 1 to 3 while records of 20
+// A real broker: a topic's partitions grow from 1 to 3 while records of 20
 // keys stream to it. The periodic refresh notices; records routed by the old
 // count are acknowledged before any by the new one, so each key's records
 // are in id order across the move: every record of a key in its old
@@ -228,14 +228,15 @@ func TestKafkaProducerPartitionsAddedUnderLoadRealBroker(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Kafka")
 	}
-	t.Parallel()
-	// Three brokers: the new partitions have other leaders than the old one,
-	// so without the drain their records would go out beside the old
-	// partition's, in requests of their own.
-	c := testenv.StartKafkaCluster(t, 3)
-	topic := c.CreateTopic(t, "grow", 1)
+	// The shared broker: a 3-broker cluster was tried and showed no more
+	// (the new partitions' first lookup gives the old batch time to land, so
+	// even the old switch-at-once rule passed there): the fake-broker test,
+	// which holds the old batch, is the proof; this checks the rule end to
+	// end on a real broker.
+	k := testenv.Kafka(t)
+	topic := k.Topic(t, "grow", 1)
 	cfg := DefaultConfig()
-	cfg.Brokers = c.Brokers()
+	cfg.Brokers = k.Brokers
 	cfg.MetadataRefresh = 200 * time.Millisecond
 	var p *Producer
 	waitFor(t, func() bool { // a new cluster's coordinator may still be loading
@@ -299,7 +300,7 @@ func TestKafkaProducerPartitionsAddedUnderLoadRealBroker(t *testing.T) {
 			t.Fatalf("after 90s: %d acknowledged, grown at %d, %d keys moved", got, grownAt, movedKeys())
 		}
 		if got == 2000 && grownAt == 0 {
-			admin, err := sarama.NewClusterAdmin(c.Brokers(), c.Config())
+			admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
 			if err != nil {
 				t.Fatal(err)
 			}
