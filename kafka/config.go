@@ -33,6 +33,16 @@ type Config struct {
 	// the same batch again, which keeps per-partition order and adds no
 	// duplicate; a restart sends everything unconfirmed again.
 	DeliveryTimeout time.Duration
+	// UnknownTopicTimeout is how long a topic the brokers call unknown is
+	// looked up again before its records are poison.
+	UnknownTopicTimeout time.Duration
+	// MetadataRefresh is how often the metadata of every topic in use is
+	// looked up even when nothing fails, which is how a partition count
+	// change is noticed. Zero: only on errors.
+	MetadataRefresh time.Duration
+	// CheckpointReadTimeout bounds how long ReadCompacted waits for other
+	// producers' open transactions to end (see ReadCompacted).
+	CheckpointReadTimeout time.Duration
 	// RequestTimeout is how long a broker may wait for the in-sync
 	// replicas before answering a produce request; the connection's read
 	// timeout is five seconds more, which bounds a request to a broker that
@@ -70,7 +80,19 @@ func DefaultConfig() Config {
 		DeliveryTimeout: 2 * time.Minute,
 		RequestTimeout:  10 * time.Second,
 
-		TransactionTimeout: time.Minute,
+		UnknownTopicTimeout: 30 * time.Second,
+		MetadataRefresh:     30 * time.Second,
+		// The brokers' default transaction.max.timeout.ms: no transaction
+		// stays open longer unless the brokers allow it.
+		CheckpointReadTimeout: 15 * time.Minute,
+
+		// Above the 2-minute delivery timeout (see Validate), with room for
+		// a commit's own retries, and well under the brokers' default cap
+		// (transaction.max.timeout.ms, 15 min): an open transaction hides
+		// later records of its partitions from read_committed consumers
+		// of every other producer until it ends, so a crashed instance's
+		// transaction should not block them for long.
+		TransactionTimeout: 5 * time.Minute,
 	}
 }
 
@@ -92,6 +114,12 @@ func (c Config) Validate() error {
 	}
 	if c.DeliveryTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("Kafka delivery timeout must be > 0, got %s: set --kafka-delivery-timeout", c.DeliveryTimeout))
+	}
+	if c.UnknownTopicTimeout < 0 || c.MetadataRefresh < 0 {
+		errs = append(errs, fmt.Errorf("Kafka unknown-topic timeout and metadata refresh must be ≥ 0, got %s and %s", c.UnknownTopicTimeout, c.MetadataRefresh))
+	}
+	if c.TransactionalID != "" && c.TransactionTimeout <= c.DeliveryTimeout {
+		errs = append(errs, fmt.Errorf("--kafka-txn-timeout (%s) must exceed --kafka-delivery-timeout (%s): a transaction must outlive the retries of its records, or the coordinator aborts it while they still succeed", c.TransactionTimeout, c.DeliveryTimeout))
 	}
 	if c.RequestTimeout < time.Millisecond {
 		errs = append(errs, fmt.Errorf("Kafka request timeout must be ≥ 1ms, got %s", c.RequestTimeout))

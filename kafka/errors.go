@@ -57,3 +57,29 @@ func eventID(id int64, text string) string {
 
 // Unwrap matches both ErrProduce and the cause.
 func (e *ProduceError) Unwrap() []error { return []error{ErrProduce, e.Err} }
+
+// ErrNotAuthorized means the brokers refused an operation for lack of an
+// ACL. A restart does not fix it: the service halts and says which ACL to
+// grant.
+var ErrNotAuthorized = errors.New("kafka: not authorized")
+
+// ACLError names the ACL the brokers found missing.
+type ACLError struct {
+	Operation    string // as kafka-acls.sh spells it: Write, Create, Describe, Read
+	ResourceType string // transactional-id, topic, group, cluster
+	Resource     string
+	Principal    string // the SASL user, when known
+	Err          error
+}
+
+func (e *ACLError) Error() string {
+	principal := e.Principal
+	if principal == "" {
+		principal = "<outboxd's user>"
+	}
+	return fmt.Sprintf("kafka: not authorized: outboxd's principal lacks the %s ACL on %s %q; grant it with: kafka-acls.sh --bootstrap-server <broker> --command-config <admin.properties> --add --allow-principal User:%s --operation %s --%s %s (%v)",
+		e.Operation, e.ResourceType, e.Resource, principal, e.Operation, e.ResourceType, e.Resource, e.Err)
+}
+
+// Unwrap matches ErrNotAuthorized and the cause.
+func (e *ACLError) Unwrap() []error { return []error{ErrNotAuthorized, e.Err} }

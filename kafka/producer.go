@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/outboxd/outboxd/backoff"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -90,6 +90,15 @@ type Producer struct {
 	brokers     map[int32]*brokerState
 	inflight    int // requests in flight
 	now         func() time.Time
+
+	// txnOpened is when the current transaction's first partition was
+	// added (unix ns; zero: none open). Atomic: the coordinator calls
+	// classify errors from their own goroutines.
+	txnOpened atomic.Int64
+
+	// testRespond, when set, runs before a produce response reaches run,
+	// in its own goroutine (tests hold responses with it).
+	testRespond func(produceResponse)
 }
 
 // ProducerHooks observe the producer; any may be nil. They are called from
@@ -120,27 +129,18 @@ type topicState struct {
 	failingAt  time.Time // first failed refresh of the current run of failures
 	attempts   int
 	failed     error // every record of the topic fails with it
-}
-
-type partitionState struct {
-	topic     *topicState
-	partition int32
-	leader    *sarama.Broker // nil: unknown, resolve the topic
-	queue     []*Record      // not yet in a batch, in order
-	queued    int            // bytes in queue
-	batch     *batch         // in flight, or waiting to be sent again
-	seq       int32          // first sequence of the next new batch
-	single    int            // send this many next records one per batch
-	retryAt   time.Time
-	failingAt time.Time // first failure of the current batch
-	attempts  int
-	failed    error
-}
-
-type batch struct {
-	recs     []*Record
-	rb       *sarama.RecordBatch
-	inFlight bool
+	// unknownSince is the first of the current run of lookups that called
+	// the topic unknown; missing is set once that lasted
+	// UnknownTopicTimeout (see unknownTopic).
+	unknownSince time.Time
+	missing      error
+	// refreshAt is when the topic's metadata is looked up again even if
+	// nothing failed: how a partition count change is noticed.
+	refreshAt time.Time
+	// nextPartitions is a new partition count waiting for the old
+	// partitions to drain (see repartitioned); leaders are the latest.
+	nextPartitions int32
+	leaders        map[int32]*sarama.Broker
 }
 
 type brokerState struct {
@@ -354,17 +354,7 @@ func (p *Producer) shutdown() {
 		}
 		t.pending = nil
 		for _, ps := range t.parts {
-			if ps.batch != nil && !ps.batch.inFlight {
-				for _, r := range ps.batch.recs {
-					p.fail(r, p.closedErr(r))
-				}
-				ps.batch = nil
-			}
-			for _, r := range ps.queue {
-				p.fail(r, p.closedErr(r))
-			}
-			ps.queue = nil
-			ps.failed = ErrProducerClosed
+			p.stopPartition(ps, ErrProducerClosed) // in flight: settled by its response
 		}
 	}
 	for _, bs := range p.brokers {
@@ -424,7 +414,7 @@ func (p *Producer) add(r *Record) {
 	switch {
 	case t.failed != nil:
 		p.fail(r, p.stoppedErr(r, t.failed))
-	case t.partitions == 0:
+	case t.partitions == 0, t.nextPartitions != 0:
 		t.pending = append(t.pending, r)
 		p.resolve(t)
 	default:
@@ -488,539 +478,4 @@ func (p *Producer) route(t *topicState, r *Record) {
 	if ps.leader == nil {
 		p.resolve(t)
 	}
-}
-
-// poison refuses r for good: alone when the pipeline continues after poison,
-// otherwise together with everything behind it in its partition.
-func (p *Producer) poison(ps *partitionState, r *Record, cause error) {
-	err := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: cause}
-	if p.cfg.ContinueAfterPoison {
-		p.fail(r, err)
-		return
-	}
-	p.fail(r, err)
-	p.stopPartition(ps, err)
-}
-
-// stopPartition fails the partition's batch and queue; every later record of
-// the partition fails at once. (A partition whose failed is set with a
-// queue still sends that queue: see route.)
-func (p *Producer) stopPartition(ps *partitionState, cause error) {
-	if ps.failed == nil {
-		ps.failed = cause
-	}
-	if ps.batch != nil {
-		for _, r := range ps.batch.recs {
-			p.fail(r, p.recordErr(r, cause))
-		}
-		ps.batch = nil
-	}
-	for _, r := range ps.queue {
-		p.fail(r, p.stoppedErr(r, cause))
-	}
-	ps.queue, ps.queued = nil, 0
-}
-
-// resolve starts a metadata refresh for t unless one runs or is backing off.
-func (p *Producer) resolve(t *topicState) {
-	if t.resolving || p.now().Before(t.resolveAt) {
-		return
-	}
-	t.resolving = true
-	client := p.client
-	topic := t.name
-	go func() {
-		m := topicMeta{topic: topic}
-		if m.err = client.RefreshMetadata(topic); m.err == nil {
-			var ids []int32
-			if ids, m.err = client.Partitions(topic); m.err == nil {
-				m.partitions = int32(len(ids))
-				m.leaders = make(map[int32]*sarama.Broker, len(ids))
-				for _, id := range ids {
-					if b, err := client.Leader(topic, id); err == nil {
-						m.leaders[id] = b
-					}
-				}
-			}
-		}
-		select {
-		case p.meta <- m:
-		case <-p.stopped:
-		}
-	}()
-}
-
-func (p *Producer) handleMeta(m topicMeta) {
-	t := p.topics[m.topic]
-	t.resolving = false
-	now := p.now()
-	if m.err != nil || m.partitions == 0 {
-		err := m.err
-		if err == nil {
-			err = sarama.ErrUnknownTopicOrPartition
-		}
-		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) {
-			// The topic does not exist: poison, as the pipeline defines it.
-			pending := t.pending
-			t.pending = nil
-			for _, r := range pending {
-				perr := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: err}
-				p.fail(r, perr)
-				if !p.cfg.ContinueAfterPoison && t.failed == nil {
-					t.failed = perr
-				}
-			}
-			if !p.cfg.ContinueAfterPoison {
-				if t.failed == nil {
-					t.failed = err
-				}
-				for _, ps := range t.parts {
-					p.stopPartition(ps, t.failed)
-				}
-			}
-			return
-		}
-		if t.failingAt.IsZero() {
-			t.failingAt = now
-		}
-		t.attempts++
-		if now.Sub(t.failingAt) >= p.cfg.DeliveryTimeout {
-			p.log.Error("kafka metadata unavailable for longer than the delivery timeout: failing the topic's records",
-				zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
-			t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
-			for _, r := range t.pending {
-				p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
-			}
-			t.pending = nil
-			for _, ps := range t.parts {
-				p.stopPartition(ps, t.failed)
-			}
-			return
-		}
-		t.resolveAt = now.Add(p.retryBackoff(t.attempts))
-		if t.attempts == 1 || t.attempts%10 == 0 {
-			p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
-				zap.Int("attempt", t.attempts), zap.Error(err))
-		}
-		return
-	}
-	t.failingAt, t.attempts = time.Time{}, 0
-	if t.partitions != 0 && m.partitions < t.partitions {
-		// Partitions never shrink; keep routing on the known count.
-		m.partitions = t.partitions
-	}
-	if t.partitions != 0 && m.partitions != t.partitions {
-		p.log.Warn("topic partition count changed: keys may move to other partitions",
-			zap.String("topic", t.name), zap.Int32("from", t.partitions), zap.Int32("to", m.partitions))
-	}
-	t.partitions = m.partitions
-	for id, ps := range t.parts {
-		ps.leader = m.leaders[id]
-	}
-	pending := t.pending
-	t.pending = nil
-	for _, r := range pending {
-		p.route(t, r)
-	}
-	for _, ps := range t.parts {
-		if ps.leader == nil && (ps.batch != nil || len(ps.queue) > 0) {
-			// No leader yet (an election): ask again after a backoff.
-			t.attempts++
-			t.resolveAt = now.Add(p.retryBackoff(t.attempts))
-			break
-		}
-	}
-}
-
-// retryBackoff grows from RetryBackoff to RetryBackoffMax, with jitter.
-func (p *Producer) retryBackoff(attempt int) time.Duration {
-	return backoff.Jitter(backoff.Exponential(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt))
-}
-
-// schedule sends one request to every idle broker that leads a partition
-// with something to send, and returns when it next needs to run (zero: no
-// timer).
-func (p *Producer) schedule() time.Time {
-	now := p.now()
-	var wake time.Time
-	soon := func(t time.Time) {
-		if wake.IsZero() || t.Before(wake) {
-			wake = t
-		}
-	}
-	ready := make(map[int32][]*partitionState)
-	needAdd := map[topicPartition]bool{}
-	for _, t := range p.topics {
-		if !t.resolving && !t.resolveAt.IsZero() && (len(t.pending) > 0 || t.needsLeader()) {
-			if now.Before(t.resolveAt) {
-				soon(t.resolveAt)
-			} else {
-				p.resolve(t)
-			}
-		}
-		for _, ps := range t.parts {
-			if (ps.batch == nil && len(ps.queue) == 0) || (ps.batch != nil && ps.batch.inFlight) {
-				continue
-			}
-			if ps.leader == nil {
-				p.resolve(t)
-				continue
-			}
-			if ps.batch != nil && now.Before(ps.retryAt) {
-				soon(ps.retryAt)
-				continue
-			}
-			if ps.batch == nil && p.cfg.Linger > 0 && ps.queued < p.cfg.MaxMessageBytes {
-				if due := ps.queue[0].enqueued.Add(p.cfg.Linger); now.Before(due) {
-					soon(due)
-					continue
-				}
-			}
-			if !p.txnPartitionReady(ps, needAdd) {
-				continue
-			}
-			id := ps.leader.ID()
-			bs := p.brokers[id]
-			if bs == nil {
-				bs = &brokerState{b: ps.leader}
-				p.brokers[id] = bs
-			}
-			if bs.busy {
-				continue
-			}
-			bs.b = ps.leader
-			ready[id] = append(ready[id], ps)
-		}
-	}
-	p.startAdd(needAdd)
-	for id, parts := range ready {
-		p.send(p.brokers[id], parts)
-	}
-	return wake
-}
-
-func (t *topicState) needsLeader() bool {
-	for _, ps := range t.parts {
-		if ps.leader == nil && (ps.batch != nil || len(ps.queue) > 0) {
-			return true
-		}
-	}
-	return false
-}
-
-// recordOverhead bounds a record's framing in a batch (length, attributes,
-// deltas, key/value lengths, header count): varints of at most 5 bytes.
-const recordOverhead = 5 * 8
-
-// batchOverhead is a record batch's header.
-const batchOverhead = 61
-
-func (p *Producer) send(bs *brokerState, parts []*partitionState) {
-	req := &sarama.ProduceRequest{
-		RequiredAcks: sarama.WaitForAll,
-		Timeout:      int32(p.conf.Producer.Timeout / time.Millisecond),
-		Version:      p.version,
-	}
-	if p.cfg.TransactionalID != "" {
-		id := p.cfg.TransactionalID
-		req.TransactionalID = &id
-	}
-	for _, ps := range parts {
-		if ps.batch == nil {
-			ps.batch = p.newBatch(ps)
-		}
-		ps.batch.inFlight = true
-		req.AddBatch(ps.topic.name, ps.partition, ps.batch.rb)
-	}
-	bs.busy = true
-	p.inflight++
-	b := bs.b
-	conf := p.conf
-	go func() {
-		if ok, _ := b.Connected(); !ok {
-			_ = b.Open(conf)
-		}
-		// AsyncProduce, unlike Produce, does not hold the broker's lock while
-		// it waits for the response, so Close can abort a request to a broker
-		// that stopped answering. Its callback runs on the broker's response
-		// reader and hands the response straight to run: p.resp has room
-		// for more requests than are ever in flight (one per broker), and
-		// should it not, a goroutine waits instead, never the reader.
-		err := b.AsyncProduce(req, func(resp *sarama.ProduceResponse, err error) {
-			p.respond(produceResponse{broker: b, parts: parts, resp: resp, err: err})
-		})
-		if err != nil {
-			p.respond(produceResponse{broker: b, parts: parts, err: err})
-		}
-	}()
-}
-
-// respond hands a request's outcome to run without ever blocking the caller.
-func (p *Producer) respond(pr produceResponse) {
-	select {
-	case p.resp <- pr:
-	default:
-		go func() { p.resp <- pr }()
-	}
-}
-
-// newBatch takes the next records of ps's queue, up to MaxMessageBytes.
-func (p *Producer) newBatch(ps *partitionState) *batch {
-	limit := p.cfg.MaxMessageBytes - batchOverhead
-	n, size := 0, 0
-	for n < len(ps.queue) {
-		s := ps.queue[n].Size() + recordOverhead
-		if n > 0 && (size+s > limit || ps.single > 0) {
-			break
-		}
-		size += s
-		n++
-	}
-	if ps.single > 0 {
-		ps.single--
-	}
-	recs := ps.queue[:n:n]
-	ps.queue = ps.queue[n:]
-	ps.queued -= size
-	if len(ps.queue) == 0 {
-		ps.queue = nil
-	}
-
-	first := recs[0].Timestamp
-	if first.IsZero() {
-		first = p.now()
-	}
-	first = first.Truncate(time.Millisecond)
-	rb := &sarama.RecordBatch{
-		Version:         2,
-		ProducerID:      p.pid,
-		ProducerEpoch:   p.epoch,
-		FirstSequence:   ps.seq,
-		FirstTimestamp:  first,
-		MaxTimestamp:    first,
-		LastOffsetDelta: int32(n - 1),
-		IsTransactional: p.cfg.TransactionalID != "",
-		Records:         make([]*sarama.Record, n),
-	}
-	_ = rb.Codec.UnmarshalText([]byte(p.cfg.Compression))
-	rb.CompressionLevel = sarama.CompressionLevelDefault
-	records := make([]sarama.Record, n)
-	nh := 0
-	for _, r := range recs {
-		nh += len(r.Headers)
-	}
-	headers := make([]sarama.RecordHeader, nh)
-	hptrs := make([]*sarama.RecordHeader, nh)
-	for i, r := range recs {
-		ts := r.Timestamp
-		if ts.IsZero() {
-			ts = first
-		}
-		ts = ts.Truncate(time.Millisecond)
-		if ts.After(rb.MaxTimestamp) {
-			rb.MaxTimestamp = ts
-		}
-		rec := &records[i]
-		rec.Key = r.Key
-		rec.Value = r.Value
-		rec.OffsetDelta = int64(i)
-		rec.TimestampDelta = ts.Sub(first)
-		if len(r.Headers) > 0 {
-			hs := hptrs[:len(r.Headers):len(r.Headers)]
-			hptrs = hptrs[len(r.Headers):]
-			for j, h := range r.Headers {
-				headers[j] = sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value}
-				hs[j] = &headers[j]
-			}
-			headers = headers[len(r.Headers):]
-			rec.Headers = hs
-		}
-		rb.Records[i] = rec
-	}
-	return &batch{recs: recs, rb: rb}
-}
-
-// produceOutcome is what a partition's response means for its batch.
-type produceOutcome int
-
-const (
-	outcomeAcked produceOutcome = iota
-	outcomeRetry
-	outcomeTooLarge // split the batch, or poison when it is one record
-	outcomePoison
-	outcomeFatal
-)
-
-func outcome(err error) produceOutcome {
-	switch {
-	case err == nil, errors.Is(err, sarama.ErrNoError), errors.Is(err, sarama.ErrDuplicateSequenceNumber):
-		return outcomeAcked
-	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge):
-		return outcomeTooLarge
-	case errors.Is(err, sarama.ErrInvalidRecord), errors.Is(err, sarama.ErrInvalidTimestamp),
-		errors.Is(err, sarama.ErrInvalidMessage), errors.Is(err, sarama.ErrInvalidTopic):
-		return outcomePoison
-	case errors.Is(err, sarama.ErrNotLeaderForPartition), errors.Is(err, sarama.ErrLeaderNotAvailable),
-		errors.Is(err, sarama.ErrRequestTimedOut), errors.Is(err, sarama.ErrNotEnoughReplicas),
-		errors.Is(err, sarama.ErrNotEnoughReplicasAfterAppend), errors.Is(err, sarama.ErrKafkaStorageError),
-		errors.Is(err, sarama.ErrNetworkException), errors.Is(err, sarama.ErrUnknownTopicOrPartition),
-		errors.Is(err, sarama.ErrFencedLeaderEpoch), errors.Is(err, sarama.ErrUnknownLeaderEpoch),
-		errors.Is(err, sarama.ErrOffsetNotAvailable), errors.Is(err, sarama.ErrThrottlingQuotaExceeded),
-		errors.Is(err, sarama.ErrNotController), errors.Is(err, sarama.ErrBrokerNotAvailable),
-		errors.Is(err, sarama.ErrIncompleteResponse):
-		return outcomeRetry
-	default:
-		return outcomeFatal
-	}
-}
-
-// leaderMoved reports whether err means the partition's leader is elsewhere
-// or unknown, so metadata must be refreshed before the retry.
-func leaderMoved(err error) bool {
-	return errors.Is(err, sarama.ErrNotLeaderForPartition) || errors.Is(err, sarama.ErrLeaderNotAvailable) ||
-		errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrFencedLeaderEpoch) ||
-		errors.Is(err, sarama.ErrUnknownLeaderEpoch) || errors.Is(err, sarama.ErrKafkaStorageError) ||
-		errors.Is(err, sarama.ErrBrokerNotAvailable)
-}
-
-func (p *Producer) handleResponse(pr produceResponse) {
-	if bs := p.brokers[pr.broker.ID()]; bs != nil {
-		bs.busy = false
-	}
-	closing := p.closingNow()
-	if pr.err != nil {
-		// The request or its connection failed: the batches may or may not
-		// have been appended. Resending them unchanged is safe (rule 2).
-		go pr.broker.Close() // not here: Close waits for the broker's lock
-		for _, ps := range pr.parts {
-			p.retry(ps, fmt.Errorf("broker %s: %w", pr.broker.Addr(), pr.err), true, closing)
-		}
-		// Every other partition that broker leads waits for fresh metadata
-		// too, rather than being sent to a broker that stopped answering.
-		for _, t := range p.topics {
-			for _, ps := range t.parts {
-				if ps.leader != nil && ps.leader.ID() == pr.broker.ID() {
-					ps.leader = nil
-					t.resolveAt = time.Time{}
-					p.resolve(t)
-				}
-			}
-		}
-		return
-	}
-	for _, ps := range pr.parts {
-		var err error = sarama.ErrIncompleteResponse
-		var block *sarama.ProduceResponseBlock
-		if pr.resp != nil {
-			block = pr.resp.GetBlock(ps.topic.name, ps.partition)
-		}
-		if block != nil {
-			err = block.Err
-		}
-		b := ps.batch
-		switch outcome(err) {
-		case outcomeAcked:
-			for i, r := range b.recs {
-				r.Offset = -1
-				if block.Offset >= 0 {
-					r.Offset = block.Offset + int64(i)
-				}
-				p.emit(r)
-			}
-			ps.seq = nextSeq(ps.seq, len(b.recs))
-			ps.batch = nil
-			if !ps.failingAt.IsZero() && p.hooks.OnRecovered != nil {
-				p.hooks.OnRecovered(ps.topic.name, ps.partition, p.now().Sub(ps.failingAt))
-			}
-			ps.failingAt, ps.attempts = time.Time{}, 0
-		case outcomeRetry:
-			p.retry(ps, err, leaderMoved(err), closing)
-		case outcomeTooLarge:
-			if len(b.recs) > 1 {
-				// Rejected whole, so nothing was appended and no sequence
-				// used: send its records one per batch to find the culprit.
-				ps.queue = append(b.recs[:len(b.recs):len(b.recs)], ps.queue...)
-				ps.single = len(b.recs)
-				for _, r := range b.recs {
-					ps.queued += r.Size() + recordOverhead
-				}
-				ps.batch = nil
-				continue
-			}
-			ps.batch = nil
-			p.poison(ps, b.recs[0], err)
-		case outcomePoison:
-			ps.batch = nil
-			if len(b.recs) > 1 {
-				ps.queue = append(b.recs[:len(b.recs):len(b.recs)], ps.queue...)
-				ps.single = len(b.recs)
-				for _, r := range b.recs {
-					ps.queued += r.Size() + recordOverhead
-				}
-				continue
-			}
-			p.poison(ps, b.recs[0], err)
-		case outcomeFatal:
-			p.log.Error("kafka refused a batch for good: failing the partition's records",
-				zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition), zap.Error(err))
-			if fenced(err) {
-				err = fmt.Errorf("%w: %w", ErrFenced, err)
-			}
-			p.stopPartition(ps, err)
-			if p.cfg.TransactionalID != "" {
-				p.failTxn(err)
-			}
-		}
-		if closing {
-			p.stopPartition(ps, ErrProducerClosed)
-		}
-	}
-}
-
-// retry schedules ps's batch to be sent again, unchanged, unless it has
-// failed for longer than the delivery timeout or the producer is closing.
-func (p *Producer) retry(ps *partitionState, err error, refresh, closing bool) {
-	ps.batch.inFlight = false
-	if closing {
-		p.stopPartition(ps, ErrProducerClosed)
-		return
-	}
-	now := p.now()
-	if ps.failingAt.IsZero() {
-		ps.failingAt = now
-	}
-	ps.attempts++
-	if now.Sub(ps.failingAt) >= p.cfg.DeliveryTimeout {
-		p.log.Error("kafka produce kept failing for the delivery timeout: failing the partition's records; the pipeline restarts from the last confirmed position",
-			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition),
-			zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Int("attempts", ps.attempts), zap.Error(err))
-		err = fmt.Errorf("delivery timeout %s after %d attempts: %w", p.cfg.DeliveryTimeout, ps.attempts, err)
-		p.stopPartition(ps, err)
-		if p.cfg.TransactionalID != "" {
-			p.failTxn(err)
-		}
-		return
-	}
-	ps.retryAt = now.Add(p.retryBackoff(ps.attempts))
-	if ps.attempts == 1 || ps.attempts%10 == 0 {
-		p.log.Warn("kafka produce failed; sending the same batch again",
-			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition),
-			zap.Int("attempt", ps.attempts), zap.Error(err))
-	}
-	if p.hooks.OnRetry != nil {
-		p.hooks.OnRetry(ps.topic.name, ps.partition, ps.attempts, err)
-	}
-	if refresh {
-		ps.leader = nil
-		t := ps.topic
-		if t.resolveAt.Before(now) {
-			t.resolveAt = time.Time{}
-		}
-		p.resolve(t)
-	}
-}
-
-// nextSeq adds n to a sequence number; sequences wrap to 0 after MaxInt32.
-func nextSeq(seq int32, n int) int32 {
-	return int32((int64(seq) + int64(n)) % (1 << 31))
 }

@@ -136,6 +136,8 @@ func testKafkaConfig(brokers []string) Config {
 	c.RetryBackoffMax = 10 * time.Millisecond
 	c.DeliveryTimeout = 5 * time.Second
 	c.RequestTimeout = 2 * time.Second
+	c.UnknownTopicTimeout = 200 * time.Millisecond
+	c.TransactionTimeout = time.Minute
 	return c
 }
 

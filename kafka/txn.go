@@ -27,16 +27,74 @@ import (
 // read_committed.
 
 // ErrFenced means another producer with the same transactional id took over
-// (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH): this process is a zombie and
-// must stop without confirming anything.
+// (PRODUCER_FENCED): this process is a zombie and must stop without
+// confirming anything.
 var ErrFenced = errors.New("kafka: fenced by a newer producer with the same transactional id")
 
 // ErrTxnFailed means a record of the transaction failed: it cannot commit.
 var ErrTxnFailed = errors.New("kafka: transaction failed")
 
-func fenced(err error) bool {
-	return errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch) ||
-		errors.Is(err, sarama.ErrInvalidProducerIDMapping) || errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed)
+// ErrTxnLost means the transaction coordinator no longer knows this
+// producer's transaction: the transactional id expired while idle
+// (transactional.id.expiration.ms, INVALID_PRODUCER_ID_MAPPING) or the
+// coordinator aborted the transaction when it outlived its timeout and
+// bumped the epoch (KIP-588, INVALID_PRODUCER_EPOCH). Nothing of the
+// transaction is visible; a new session (a new InitProducerId) publishes it
+// again. It is not a fencing: no other producer took over.
+var ErrTxnLost = errors.New("kafka: the transaction coordinator dropped this producer's transaction (idle transactional id expired, or the transaction timed out); restarting the session")
+
+// ErrTxnTimeout means a Kafka transaction stayed open for the whole
+// --kafka-txn-timeout and the coordinator aborted it. outboxd never splits a
+// PostgreSQL transaction across Kafka transactions, and it closes its Kafka
+// transactions at the first PostgreSQL commit after --kafka-txn-max-age, so
+// this happens only when what must be published atomically takes longer than
+// the timeout: publishing it again would time out again. The service halts.
+var ErrTxnTimeout = errors.New("kafka: transaction timed out")
+
+// TxnTimeoutError is ErrTxnTimeout with what is needed to fix it.
+type TxnTimeoutError struct {
+	Open, Timeout time.Duration
+	Err           error
+}
+
+func (e *TxnTimeoutError) Error() string {
+	return fmt.Sprintf("kafka: a transaction was open for %s, longer than --kafka-txn-timeout=%s, and the coordinator aborted it: "+
+		"a PostgreSQL transaction too large to publish within one Kafka transaction (outboxd never splits one); "+
+		"raise --kafka-txn-timeout (at most the brokers' transaction.max.timeout.ms, 15m by default) and restart: %v", e.Open.Round(time.Millisecond), e.Timeout, e.Err)
+}
+
+// Unwrap matches ErrTxnTimeout and the cause.
+func (e *TxnTimeoutError) Unwrap() []error { return []error{ErrTxnTimeout, e.Err} }
+
+// classifyTxnErr gives a transactional producer's error its meaning:
+// fenced (stop for good), lost (restart), timed out (halt), or not
+// authorised (the ACL to grant).
+func (p *Producer) classifyTxnErr(err error) error {
+	if p.cfg.TransactionalID == "" || errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnLost) {
+		return err
+	}
+	switch {
+	case errors.Is(err, sarama.ErrProducerFenced):
+		return fmt.Errorf("%w: %w", ErrFenced, err)
+	case errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed):
+		return &ACLError{Operation: "Write", ResourceType: "transactional-id", Resource: p.cfg.TransactionalID, Principal: p.cfg.Security.SASLUser, Err: err}
+	case errors.Is(err, sarama.ErrInvalidProducerEpoch), errors.Is(err, sarama.ErrInvalidProducerIDMapping):
+		lost := fmt.Errorf("%w: %w", ErrTxnLost, err)
+		if open := p.txnAge(); open >= p.cfg.TransactionTimeout {
+			return &TxnTimeoutError{Open: open, Timeout: p.cfg.TransactionTimeout, Err: lost}
+		}
+		return lost
+	}
+	return err
+}
+
+// txnAge is how long the current transaction has been open (zero: none).
+func (p *Producer) txnAge() time.Duration {
+	opened := time.Unix(0, p.txnOpened.Load())
+	if p.txnOpened.Load() == 0 {
+		return 0
+	}
+	return time.Since(opened)
 }
 
 // coordinatorRetriable are the errors after which a transaction request to
@@ -81,8 +139,8 @@ func (p *Producer) coordinatorCall(what string, deadline time.Time, fn func(*sar
 		switch {
 		case err == nil:
 			return nil
-		case fenced(err):
-			return fmt.Errorf("%s: %w: %w", what, ErrFenced, err)
+		case p.classifyTxnErr(err) != err:
+			return fmt.Errorf("%s: %w", what, p.classifyTxnErr(err))
 		case !coordinatorRetriable(err) || time.Now().After(deadline):
 			return fmt.Errorf("%s: %w", what, err)
 		}
@@ -120,6 +178,9 @@ func (p *Producer) initTransactional() error {
 		})
 		if err != nil {
 			return err
+		}
+		if errors.Is(resp.Err, sarama.ErrInvalidTransactionTimeout) {
+			return fmt.Errorf("--kafka-txn-timeout=%s is above the brokers' transaction.max.timeout.ms: lower it, or raise that broker setting: %w", p.cfg.TransactionTimeout, resp.Err)
 		}
 		if !errors.Is(resp.Err, sarama.ErrNoError) {
 			return resp.Err
@@ -257,6 +318,9 @@ func (p *Producer) startAdd(needAdd map[topicPartition]bool) {
 		return
 	}
 	p.txn.adding = true
+	if len(p.txn.added) == 0 {
+		p.txnOpened.CompareAndSwap(0, time.Now().UnixNano())
+	}
 	parts := make([]topicPartition, 0, len(needAdd))
 	req := map[string][]int32{}
 	for tp := range needAdd {
@@ -291,9 +355,7 @@ func (p *Producer) failTxn(err error) {
 	}
 	for _, t := range p.topics {
 		for _, ps := range t.parts {
-			if ps.batch == nil || !ps.batch.inFlight {
-				p.stopPartition(ps, err)
-			}
+			p.stopPartition(ps, err) // a batch in flight is settled by its response
 		}
 	}
 }
@@ -332,6 +394,7 @@ func (p *Producer) handleEnded(err error) {
 	p.txn.ending, p.txn.endBusy = nil, false
 	if err == nil {
 		p.txn.added = map[topicPartition]bool{}
+		p.txnOpened.Store(0)
 	} else {
 		p.txn.failed = err // the outcome is unknown: this producer is done
 	}

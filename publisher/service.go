@@ -106,6 +106,7 @@ func (s *Service) Run(ctx context.Context) error { return s.sup.Run(ctx, s.sessi
 
 func isFatal(err error) bool {
 	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, kafka.ErrFenced) || errors.Is(err, ErrGap) || errors.Is(err, ErrRewind) ||
+		errors.Is(err, kafka.ErrTxnTimeout) || errors.Is(err, kafka.ErrNotAuthorized) ||
 		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrSlotLost) ||
 		errors.Is(err, replication.ErrMissingColumn) || errors.Is(err, replication.ErrMessageKey) ||
 		errors.Is(err, replication.ErrBadValue)

@@ -226,8 +226,8 @@ func TestRunRefusesAGapBetweenCheckpointAndSlot(t *testing.T) {
 	// outboxd status shows the checkpoint next to the slot and the same gap.
 	code, out = runOnce(t, "status", "--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot, "--allow-inactive",
 		"--kafka-brokers", strings.Join(e.brokers, ","), "--checkpoint-topic", cp)
-	if code != 1 || !strings.Contains(out, "checkpoint") || !strings.Contains(out, "ahead of outboxd's checkpoint") {
-		t.Errorf("status: exit %d\n%s\nwant the checkpoint and the gap as a problem", code, out)
+	if code != 1 || !strings.Contains(out, "checkpoint") || !strings.Contains(out, "ahead of outboxd's checkpoint") || !strings.Contains(out, "read in") {
+		t.Errorf("status: exit %d\n%s\nwant the checkpoint (and its read time) and the gap as a problem", code, out)
 	}
 	accepted := e.start("--checkpoint-topic", cp, "--accept-gap")
 	accepted.stop()

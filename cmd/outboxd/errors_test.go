@@ -138,11 +138,11 @@ func TestRunPoisonEvents(t *testing.T) {
 	t.Run("unknown topic halts", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1)
-		d := e.start()
+		d := e.start("--kafka-unknown-topic-timeout", "2s")
 		missing := testenv.UniqueName("nosuchtopic")
 		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, missing)
 		code := d.wait(90 * time.Second)
-		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: %s: kafka server: Request was for a topic or partition that does not exist on this broker; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
+		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: topic still unknown to the brokers after 2s of lookups (deleted or never created; see --kafka-unknown-topic-timeout): %s: kafka server: Request was for a topic or partition that does not exist on this broker; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
 			missing, size("agg-1", "{}"), missing)
 		if got := lastLine(d.out.String()); code != 1 || got != want {
 			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)

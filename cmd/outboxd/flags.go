@@ -36,6 +36,7 @@ type options struct {
 	compression     string
 	linger          time.Duration
 	deliveryTimeout time.Duration
+	kafkaTopics     kafkaTopicOpts
 	stallTimeout    time.Duration
 	retention       retention.Config
 	maxMessageBytes int
@@ -78,6 +79,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.compression, "kafka-compression", k.Compression, "record compression: none, gzip, snappy, lz4, zstd")
 	fs.DurationVar(&o.linger, "kafka-linger", k.Linger, "wait up to this long to batch records (0: send as soon as the previous request returns)")
 	fs.DurationVar(&o.deliveryTimeout, "kafka-delivery-timeout", k.DeliveryTimeout, "how long a batch may keep failing with retriable errors (broker down, no leader, not enough replicas) before the pipeline restarts; until then the same batch is sent again, in order and without duplicates")
+	o.kafkaTopics.addFlags(fs, k)
 	fs.IntVar(&o.maxMessageBytes, "kafka-max-message-bytes", k.MaxMessageBytes, "largest record to produce; larger ones are poison events")
 	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
 	fs.DurationVar(&o.serverTimeout, "server-timeout", replication.DefaultStreamConfig().ServerTimeout, "restart the replication session when PostgreSQL sends nothing for this long, not even the keepalive asked for at half of it (half-open connection, stopped server)")
@@ -179,6 +181,9 @@ func (o *options) kafkaConfig() (kafka.Config, error) {
 	k.Compression = o.compression
 	k.Linger = o.linger
 	k.DeliveryTimeout = o.deliveryTimeout
+	if err := o.kafkaTopics.apply(&k, o.pub); err != nil {
+		return k, err
+	}
 	k.MaxMessageBytes = o.maxMessageBytes
 	k.Security = o.kafkaSec
 	return k, k.Validate()

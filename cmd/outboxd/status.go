@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -37,6 +38,9 @@ type statusCheckpoint struct {
 	EndLSN    string `json:"end_lsn,omitempty"`
 	SystemID  string `json:"system_id,omitempty"`
 	WrittenAt string `json:"written_at,omitempty"`
+	// ReadTime is how long reading the topic to its high watermark took:
+	// long when other producers' open transactions held it (issue 22).
+	ReadTime string `json:"read_time"`
 }
 
 type statusSlot struct {
@@ -190,11 +194,12 @@ func buildStatus(ctx context.Context, conn *pgx.Conn, cfg slot.Config, lim statu
 // addCheckpoint reads the slot's checkpoint (by database and slot: any
 // system) and flags a slot ahead of it, as outboxd run would refuse it.
 func addCheckpoint(ctx context.Context, rep *statusReport, k kafka.Config, topic, slotName string) error {
+	start := time.Now()
 	all, err := kafka.ReadCompacted(ctx, k, topic)
 	if err != nil {
 		return fmt.Errorf("status: read the checkpoint topic %q: %w", topic, err)
 	}
-	rep.Checkpoint = &statusCheckpoint{Topic: topic}
+	rep.Checkpoint = &statusCheckpoint{Topic: topic, ReadTime: time.Since(start).Round(time.Millisecond).String()}
 	suffix := "/" + rep.Slot.Database + "/" + slotName
 	for key, v := range all {
 		if !strings.HasSuffix(key, suffix) {
@@ -255,9 +260,9 @@ func printStatus(w io.Writer, rep statusReport) error {
 	row("publication", pub)
 	if c := rep.Checkpoint; c != nil {
 		if c.Found {
-			row("checkpoint", fmt.Sprintf("%s (written %s, topic %s)", c.EndLSN, c.WrittenAt, c.Topic))
+			row("checkpoint", fmt.Sprintf("%s (written %s, topic %s, read in %s)", c.EndLSN, c.WrittenAt, c.Topic, c.ReadTime))
 		} else {
-			row("checkpoint", fmt.Sprintf("none in %s", c.Topic))
+			row("checkpoint", fmt.Sprintf("none in %s (read in %s)", c.Topic, c.ReadTime))
 		}
 	}
 	if rep.OK {

@@ -31,6 +31,25 @@ type SASLKafkaServer struct {
 // listeners in a temporary folder; it is killed and removed at cleanup.
 func StartKafkaSASL(t testing.TB) *SASLKafkaServer {
 	t.Helper()
+	return startKafkaSASL(t, nil)
+}
+
+// StartKafkaSASLACL is StartKafkaSASL with Kafka's StandardAuthorizer on:
+// the SASL user may do only what ACLs allow (none at first), while the
+// PLAINTEXT listener's principal (User:ANONYMOUS, also used between broker
+// and controller) is a super user, so Brokers serves as the admin client
+// that grants ACLs.
+func StartKafkaSASLACL(t testing.TB) *SASLKafkaServer {
+	t.Helper()
+	return startKafkaSASL(t, map[string]string{
+		"authorizer.class.name":          "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+		"super.users":                    "User:ANONYMOUS",
+		"allow.everyone.if.no.acl.found": "false",
+	})
+}
+
+func startKafkaSASL(t testing.TB, props map[string]string) *SASLKafkaServer {
+	t.Helper()
 	dir := instanceDir(t, "outboxd-kafka-sasl-")
 	ports := freePorts(t, 4)
 	s := &SASLKafkaServer{
@@ -67,6 +86,9 @@ func StartKafkaSASL(t testing.TB) *SASLKafkaServer {
 			t.Fatalf("testenv: %v", err)
 		}
 		*f.dst = strings.TrimSpace(string(b))
+	}
+	if err := appendProperties(filepath.Join(dir, "server.properties"), props); err != nil {
+		t.Fatalf("testenv: %v", err)
 	}
 	s.Start()
 	return s

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -110,6 +111,14 @@ type KafkaServer struct {
 // stack) in a temporary folder; it is killed and removed at cleanup.
 func StartKafka(t testing.TB) *KafkaServer {
 	t.Helper()
+	return StartKafkaWith(t, nil)
+}
+
+// StartKafkaWith is StartKafka with broker settings added to (and so
+// overriding) its server.properties, e.g.
+// "transactional.id.expiration.ms": "20000".
+func StartKafkaWith(t testing.TB, props map[string]string) *KafkaServer {
+	t.Helper()
 	dir := instanceDir(t, "outboxd-kafka-")
 	ports := freePorts(t, 2)
 	s := &KafkaServer{
@@ -128,8 +137,35 @@ func StartKafka(t testing.TB) *KafkaServer {
 	if err := stack("kafka-init", dir, strconv.Itoa(ports[0]), strconv.Itoa(ports[1])); err != nil {
 		unavailable(t, hintPrivate, "cannot create a private Kafka: %v", err)
 	}
+	if err := appendProperties(filepath.Join(dir, "server.properties"), props); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
 	s.Start()
 	return s
+}
+
+// appendProperties appends props to a Java properties file; the last
+// occurrence of a key wins.
+func appendProperties(path string, props map[string]string) error {
+	if len(props) == 0 {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(props))
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, err := fmt.Fprintf(f, "%s=%s\n", k, props[k]); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
 }
 
 // Start starts the broker and waits until it has started and accepts

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/publisher"
+)
+
+// kafkaTopicOpts are the flags for what shared clusters bring (issue 22):
+// transactions that time out, topics that vanish or grow.
+type kafkaTopicOpts struct {
+	txnTimeout          time.Duration
+	unknownTopicTimeout time.Duration
+	metadataRefresh     time.Duration
+}
+
+func (o *kafkaTopicOpts) addFlags(fs *flag.FlagSet, k kafka.Config) {
+	fs.DurationVar(&o.txnTimeout, "kafka-txn-timeout", k.TransactionTimeout, "exactly-once: how long the Kafka coordinator lets a transaction stay open before it aborts it; must exceed --kafka-delivery-timeout and stay within the brokers' transaction.max.timeout.ms (15m by default); a PostgreSQL transaction that takes longer to publish halts outboxd with a message naming this flag")
+	fs.DurationVar(&o.unknownTopicTimeout, "kafka-unknown-topic-timeout", k.UnknownTopicTimeout, "how long a topic the brokers call unknown is looked up again (leader changes, rolling restarts) before its events are poison")
+	fs.DurationVar(&o.metadataRefresh, "kafka-metadata-refresh", k.MetadataRefresh, "how often topic metadata is refreshed even when nothing fails, to notice partition count changes (0: only on errors)")
+}
+
+// apply sets the options on k and checks them against the delivery mode.
+func (o *kafkaTopicOpts) apply(k *kafka.Config, pub publisher.Config) error {
+	k.TransactionTimeout = o.txnTimeout
+	k.UnknownTopicTimeout = o.unknownTopicTimeout
+	k.MetadataRefresh = o.metadataRefresh
+	if pub.Delivery != publisher.ExactlyOnce {
+		return nil
+	}
+	if o.txnTimeout <= k.DeliveryTimeout {
+		return fmt.Errorf("--kafka-txn-timeout (%s) must exceed --kafka-delivery-timeout (%s): a Kafka transaction must outlive its records' retries, or the coordinator aborts it while they still succeed", o.txnTimeout, k.DeliveryTimeout)
+	}
+	if pub.TxnMaxAge >= o.txnTimeout {
+		return fmt.Errorf("--kafka-txn-max-age (%s) must be below --kafka-txn-timeout (%s)", pub.TxnMaxAge, o.txnTimeout)
+	}
+	return nil
+}

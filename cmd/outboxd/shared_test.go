@@ -1,0 +1,71 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+// An exactly-once deployment idle for longer than the brokers'
+// transactional.id.expiration.ms (lowered to 20 s): the coordinator forgets
+// its transactional id, and the next event meets INVALID_PRODUCER_ID_MAPPING.
+// That restarts the session (a new InitProducerId), never a "fenced" halt:
+// the event is published once.
+func TestRunExactlyOnceIdlePastTransactionalIDExpiration(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartKafkaWith(t, map[string]string{
+		"transactional.id.expiration.ms":                             "20000",
+		"transaction.remove.expired.transaction.cleanup.interval.ms": "1000",
+	})
+	k := &testenv.KafkaEnv{Brokers: srv.Brokers}
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: srv.Brokers, topic: k.Topic(t, "idle", 1), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	// No idle checkpoint commits: they would keep the transactional id alive.
+	args := eosArgs("--checkpoint-interval", "1h", "--kafka-delivery-timeout", "5s", "--kafka-txn-timeout", "10s")
+	d := e.start(args...)
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 1}')`, e.topic)
+	if v, n := e.delivered(time.Minute); n != 1 || v.lost != 0 || v.duplicated != 0 {
+		t.Fatalf("first event: %s", v)
+	}
+	idle := time.Now()
+	waitFor(t, 2*time.Minute, func() bool { return !hasTransactions(t, srv.Brokers) })
+	t.Logf("transactional id forgotten after %s idle", time.Since(idle).Round(time.Second))
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 2}')`, e.topic)
+	v, n := e.delivered(time.Minute)
+	if n != 2 || v.lost != 0 || v.duplicated != 0 || v.reordered != 0 {
+		t.Fatalf("after the expiry: %d events, %s", n, v)
+	}
+	if d.exited() || strings.Contains(d.out.String(), "fenced") {
+		t.Fatalf("outboxd exited or called itself fenced; output:\n%s", d.p.Tail(30))
+	}
+	t.Logf("second event published after the expiry; restarts in the log: %d", strings.Count(d.out.String(), "restarting pipeline"))
+	d.stop()
+}
+
+// hasTransactions reports whether the broker knows any transactional id.
+func hasTransactions(t *testing.T, brokers []string) bool {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	for _, b := range client.Brokers() {
+		_ = b.Open(cfg)
+		resp, err := b.ListTransactions(&sarama.ListTransactionsRequest{DurationFilter: -1})
+		if err != nil {
+			t.Fatalf("list transactions: %v", err)
+		}
+		if len(resp.TransactionStates) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,197 @@
+package kafka
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/backoff"
+)
+
+// resolve starts a metadata refresh for t unless one runs or is backing off.
+func (p *Producer) resolve(t *topicState) {
+	if t.resolving || p.now().Before(t.resolveAt) {
+		return
+	}
+	t.resolving = true
+	client := p.client
+	topic := t.name
+	go func() {
+		m := topicMeta{topic: topic}
+		if m.err = client.RefreshMetadata(topic); m.err == nil {
+			var ids []int32
+			if ids, m.err = client.Partitions(topic); m.err == nil {
+				m.partitions = int32(len(ids))
+				m.leaders = make(map[int32]*sarama.Broker, len(ids))
+				for _, id := range ids {
+					if b, err := client.Leader(topic, id); err == nil {
+						m.leaders[id] = b
+					}
+				}
+			}
+		}
+		select {
+		case p.meta <- m:
+		case <-p.stopped:
+		}
+	}()
+}
+
+func (p *Producer) handleMeta(m topicMeta) {
+	t := p.topics[m.topic]
+	t.resolving = false
+	now := p.now()
+	if m.err != nil || m.partitions == 0 {
+		err := m.err
+		if err == nil {
+			err = sarama.ErrUnknownTopicOrPartition
+		}
+		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) {
+			p.unknownTopic(t, err, now)
+			return
+		}
+		if t.failingAt.IsZero() {
+			t.failingAt = now
+		}
+		t.attempts++
+		if now.Sub(t.failingAt) >= p.cfg.DeliveryTimeout {
+			p.log.Error("kafka metadata unavailable for longer than the delivery timeout: failing the topic's records",
+				zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
+			t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
+			for _, r := range t.pending {
+				p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
+			}
+			t.pending = nil
+			for _, ps := range t.parts {
+				p.stopPartition(ps, t.failed)
+			}
+			return
+		}
+		t.resolveAt = now.Add(p.retryBackoff(t.attempts))
+		if t.attempts == 1 || t.attempts%10 == 0 {
+			p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
+				zap.Int("attempt", t.attempts), zap.Error(err))
+		}
+		return
+	}
+	t.failingAt, t.attempts, t.unknownSince, t.missing = time.Time{}, 0, time.Time{}, nil
+	t.refreshAt = now.Add(p.cfg.MetadataRefresh)
+	if t.partitions != 0 && m.partitions < t.partitions {
+		// Partitions never shrink; keep routing on the known count.
+		m.partitions = t.partitions
+	}
+	if t.partitions == 0 {
+		t.partitions = m.partitions
+	} else if m.partitions != t.partitions && m.partitions != t.nextPartitions {
+		p.log.Warn("kafka topic partition count changed: new records wait until every record already routed by the old count is acknowledged, then keys move to their new partitions (per-key order kept)",
+			zap.String("topic", t.name), zap.Int32("from", t.partitions), zap.Int32("to", m.partitions))
+		t.nextPartitions = m.partitions
+	}
+	for id, ps := range t.parts {
+		ps.leader = m.leaders[id]
+	}
+	t.leaders = m.leaders
+	if t.nextPartitions == 0 {
+		p.routePending(t)
+	}
+	for _, ps := range t.parts {
+		if ps.leader == nil && ps.hasWork() {
+			// No leader yet (an election): ask again after a backoff.
+			t.attempts++
+			t.resolveAt = now.Add(p.retryBackoff(t.attempts))
+			break
+		}
+	}
+}
+
+// routePending routes the records that waited for t's partition count.
+func (p *Producer) routePending(t *topicState) {
+	pending := t.pending
+	t.pending = nil
+	for _, r := range pending {
+		p.route(t, r)
+	}
+}
+
+// repartitioned switches t to its new partition count once nothing routed
+// by the old count is left in a partition: only then may a key's records go
+// to another partition without overtaking its earlier ones.
+func (p *Producer) repartitioned(t *topicState) {
+	if t.nextPartitions == 0 {
+		return
+	}
+	for _, ps := range t.parts {
+		if ps.hasWork() || ps.phase == partInFlight || ps.phase == partStopping {
+			return
+		}
+	}
+	p.log.Info("kafka topic drained: routing by its new partition count",
+		zap.String("topic", t.name), zap.Int32("from", t.partitions), zap.Int32("to", t.nextPartitions))
+	t.partitions, t.nextPartitions = t.nextPartitions, 0
+	for id, ps := range t.parts {
+		ps.leader = t.leaders[id]
+	}
+	p.routePending(t)
+}
+
+// unknownTopic handles a lookup that calls t unknown. Lookups can say so
+// for a moment during leader changes and broker restarts, so t is looked up
+// again for UnknownTopicTimeout; after that it is missing (deleted, or never
+// created) and its records are poison: together with everything behind
+// them when the pipeline halts on poison, alone when it dead-letters them
+// (then every new record looks t up again, so a recreated topic is used
+// again at once).
+func (p *Producer) unknownTopic(t *topicState, err error, now time.Time) {
+	if t.unknownSince.IsZero() {
+		t.unknownSince = now
+	}
+	if now.Sub(t.unknownSince) < p.cfg.UnknownTopicTimeout {
+		t.attempts++
+		t.resolveAt = now.Add(p.retryBackoff(t.attempts))
+		if t.attempts == 1 || t.attempts%10 == 0 {
+			p.log.Warn("kafka says the topic is unknown; looking it up again before its records are poison",
+				zap.String("topic", t.name), zap.Duration("unknown_for", now.Sub(t.unknownSince)),
+				zap.Duration("unknown_topic_timeout", p.cfg.UnknownTopicTimeout), zap.Error(err))
+		}
+		return
+	}
+	if t.missing == nil {
+		p.log.Error("kafka topic missing: its records are poison", zap.String("topic", t.name),
+			zap.Duration("unknown_for", now.Sub(t.unknownSince)), zap.Error(err))
+	}
+	t.missing = fmt.Errorf("topic still unknown to the brokers after %s of lookups (deleted or never created; see --kafka-unknown-topic-timeout): %w", p.cfg.UnknownTopicTimeout, err)
+	t.resolveAt = time.Time{}
+	pending := t.pending
+	t.pending = nil
+	for _, r := range pending {
+		perr := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: t.missing}
+		p.fail(r, perr)
+		if !p.cfg.ContinueAfterPoison && t.failed == nil {
+			t.failed = perr
+		}
+	}
+	for _, ps := range t.parts {
+		// Queued records were never sent: each is poison itself.
+		queue := ps.queue
+		ps.queue, ps.queued = nil, 0
+		for _, r := range queue {
+			p.poison(ps, r, t.missing)
+		}
+	}
+	if !p.cfg.ContinueAfterPoison {
+		if t.failed == nil {
+			t.failed = &PoisonError{Topic: t.name, Err: t.missing}
+		}
+		for _, ps := range t.parts {
+			p.stopPartition(ps, t.failed) // a batch in flight is settled by its response
+		}
+	}
+}
+
+// retryBackoff grows from RetryBackoff to RetryBackoffMax, with jitter.
+func (p *Producer) retryBackoff(attempt int) time.Duration {
+	return backoff.Jitter(backoff.Exponential(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt))
+}
