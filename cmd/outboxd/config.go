@@ -41,7 +41,7 @@ const (
 const configFlag = "config"
 
 // fileExcluded are flags that make no sense in a shared file.
-var fileExcluded = map[string]bool{configFlag: true, "json": true, "publication-too": true}
+var fileExcluded = map[string]bool{configFlag: true, connectFlag: true, "json": true, "publication-too": true}
 
 // secretFlags hold secrets: config check prints them redacted, and errors
 // about them never quote their value. pg-dsn is redacted only where it
@@ -307,10 +307,11 @@ func sortedFlags(fs *flag.FlagSet) []*flag.Flag {
 
 // cmdConfigCheck validates the run settings and prints them as a config file
 // would hold them, secrets redacted, each with where it came from.
-func cmdConfigCheck(_ context.Context, args []string) error {
+func cmdConfigCheck(ctx context.Context, args []string) error {
 	var o options
 	fs := newFlagSet("config check", &o)
 	addRunFlags(fs, &o)
+	connect := fs.Bool(connectFlag, false, "also connect: check PostgreSQL (role, wal_level, table, slot) and Kafka (reachable, authenticated) as run does at start, creating nothing, and print a checklist")
 	warnUnknownEnv(os.Stderr, lookupEnvNames())
 	sources, err := parseSources(fs, args, os.LookupEnv)
 	if err != nil {
@@ -322,7 +323,7 @@ func cmdConfigCheck(_ context.Context, args []string) error {
 		fmt.Fprintf(w, "# config file: %s\n", p)
 	}
 	for _, f := range sortedFlags(fs) {
-		if f.Name == configFlag {
+		if f.Name == configFlag || f.Name == connectFlag {
 			continue
 		}
 		src := sources[f.Name]
@@ -346,6 +347,9 @@ func cmdConfigCheck(_ context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "config check: valid (Kafka %s: %s)\n", strings.Join(kcfg.Brokers, ","), o.kafkaSec.Describe())
+	if *connect {
+		return connectCheck(ctx, os.Stderr, &o, kcfg)
+	}
 	return nil
 }
 

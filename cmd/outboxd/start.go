@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/slot"
 )
 
 // What fails fast and what is retried, the same for both sources:
@@ -64,4 +67,46 @@ func checkPollTableAtStart(ctx context.Context, o *options) error {
 		return fmt.Errorf("at start: the outbox table %s has no published_at column, which the polling source needs: run outboxd migrate --source=poll", table)
 	}
 	return nil
+}
+
+// connectFlag is config check's --connect.
+const connectFlag = "connect"
+
+// connectCheck is `outboxd config check --connect`: the start checks of run,
+// creating nothing, as a checklist; an error when any item fails.
+func connectCheck(ctx context.Context, w io.Writer, o *options, kcfg kafka.Config) error {
+	failed := 0
+	item := func(what string, err error) {
+		if err != nil {
+			failed++
+			fmt.Fprintf(w, "  FAIL %s: %s\n", what, strings.ReplaceAll(err.Error(), "\n\t", "; "))
+			return
+		}
+		fmt.Fprintf(w, "  ok   %s\n", what)
+	}
+	fmt.Fprintln(w, "config check --connect:")
+	item("Kafka: brokers reachable, security "+o.kafkaSec.Describe(), kafka.Check(ctx, kcfg, zap.NewNop()))
+	if o.poll.source == sourcePoll {
+		item("PostgreSQL: the polling source's table and its published_at column", checkPollTableAtStart(ctx, o))
+	} else {
+		item("PostgreSQL: connection, wal_level, outbox table and columns, REPLICATION role, existing slot", preflightOnly(ctx, o))
+	}
+	if failed > 0 {
+		return fmt.Errorf("config check --connect: %d of the checks above failed", failed)
+	}
+	fmt.Fprintln(w, "config check --connect: outboxd run can start (it creates a missing publication and slot)")
+	return nil
+}
+
+// preflightOnly connects and runs the preflight checks of run, creating
+// nothing.
+func preflightOnly(ctx context.Context, o *options) error {
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, o.pgDSN)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == "")
 }

@@ -71,3 +71,27 @@ func TestRunFailsFastAtStart(t *testing.T) {
 			"--pg-dsn", "postgres://postgres@no-such-host.invalid:5432/x", "--kafka-brokers", strings.Join(e.brokers, ","))
 	})
 }
+
+// TestConfigCheckConnect: config check --connect runs run's start checks,
+// creating nothing, and names each failing one.
+func TestConfigCheckConnect(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	brokers := strings.Join(e.brokers, ",")
+	d := startDaemon(t, "config", "check", "--connect", "--pg-dsn", e.dsn, "--kafka-brokers", brokers, "--slot", e.slot, "--publication", e.slot)
+	if code := d.wait(90 * time.Second); code != 0 || !strings.Contains(d.out.String(), "outboxd run can start") {
+		t.Fatalf("a good configuration: exit %d:\n%s", code, d.out.String())
+	}
+	d = startDaemon(t, "config", "check", "--connect", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.slot)
+	code := d.wait(90 * time.Second)
+	out := d.out.String()
+	if code != 1 || strings.Count(out, "  FAIL ") != 2 || !strings.Contains(out, "outbox table public.nosuch does not exist") {
+		t.Fatalf("a bad configuration: exit %d, want 1 and two FAIL lines:\n%s", code, out)
+	}
+	c := e.conn()
+	defer c.Close(context.Background())
+	var n int
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil || n != 0 {
+		t.Errorf("config check created the slot (%d, %v)", n, err)
+	}
+}
