@@ -138,6 +138,7 @@ type partitionState struct {
 }
 
 type batch struct {
+	bytes    int // the records' size in the batch, at most MaxMessageBytes
 	recs     []*Record
 	rb       *sarama.RecordBatch
 	inFlight bool
@@ -176,6 +177,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
+	fitBroker(&cfg, client, conf, log)
 	p := &Producer{
 		cfg:     cfg,
 		conf:    conf,
@@ -725,13 +727,23 @@ func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 		id := p.cfg.TransactionalID
 		req.TransactionalID = &id
 	}
+	// A request never exceeds MaxRequestBytes (the broker's
+	// socket.request.max.bytes): partitions that do not fit go in the
+	// broker's next request, their batch built and waiting.
+	size, sent := requestOverhead, parts[:0:0]
 	for _, ps := range parts {
 		if ps.batch == nil {
 			ps.batch = p.newBatch(ps)
 		}
+		if len(sent) > 0 && size+ps.batch.bytes+batchOverhead > p.cfg.MaxRequestBytes {
+			continue
+		}
+		size += ps.batch.bytes + batchOverhead
+		sent = append(sent, ps)
 		ps.batch.inFlight = true
 		req.AddBatch(ps.topic.name, ps.partition, ps.batch.rb)
 	}
+	parts = sent
 	bs.busy = true
 	p.inflight++
 	b := bs.b
@@ -837,7 +849,7 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 		}
 		rb.Records[i] = rec
 	}
-	return &batch{recs: recs, rb: rb}
+	return &batch{bytes: size, recs: recs, rb: rb}
 }
 
 // produceOutcome is what a partition's response means for its batch.
