@@ -129,3 +129,55 @@ func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
 	}
 	d.stop()
 }
+
+// Large transactions publish within the same bound, in both delivery
+// modes: 200 events of ~900 KB in one transaction (make test), and with
+// OUTBOXD_BENCH_MEMORY=1 (make bench-memory) one of 1,000,000 small rows.
+// pgoutput sends a transaction at its commit: the stream reads it as fast
+// as the budget lets it, and in exactly-once mode the whole transaction is
+// one Kafka transaction whose records free their room as they are acked.
+func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
+	t.Parallel()
+	type shape struct {
+		name             string
+		rows, size, aggs int
+	}
+	shapes := []shape{{"200x900KB", 200, 900_000, 20}}
+	if os.Getenv("OUTBOXD_BENCH_MEMORY") != "" {
+		shapes = append(shapes, shape{"1Mx100B", 1_000_000, 100, 1000})
+	}
+	for _, s := range shapes {
+		for _, mode := range []string{"at-least-once", "exactly-once"} {
+			t.Run(s.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, 6)
+				const budget = 16 << 20
+				args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
+				if mode == "exactly-once" {
+					args = eosArgs(args...)
+				}
+				d := e.startNoRace(args...)
+				start := time.Now()
+				e.bigRows(s.rows, s.size, s.rows, s.aggs) // one transaction
+				waitFor(t, 10*time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= int64(s.rows) })
+				took := time.Since(start)
+				peak := d.peakRSS()
+				bound := int64(memK*budget + memOverhead)
+				d.stop()
+				var v verdict
+				n := s.rows
+				if s.size > 1000 {
+					v, n = e.delivered(3 * time.Minute)
+				}
+				t.Logf("one transaction of %d events of %d B, %s, budget %d MiB: published in %s, peak RSS %d MiB (bound %d MiB); %s",
+					n, s.size, mode, budget>>20, took.Round(100*time.Millisecond), peak>>20, bound>>20, v)
+				if v.lost != 0 || v.duplicated != 0 && mode == "exactly-once" || v.reordered != 0 || v.corrupt != 0 || n != s.rows {
+					t.Fatalf("large transaction: %s (%d rows)", v, n)
+				}
+				if peak > bound {
+					t.Errorf("peak RSS %d MiB > bound %d MiB", peak>>20, bound>>20)
+				}
+			})
+		}
+	}
+}
