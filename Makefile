@@ -139,7 +139,7 @@ bench: deps
 bench-memory: deps
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable' -v ./cmd/outboxd/ | tee bench/results/memory.txt
+	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./cmd/outboxd/ | tee bench/results/memory.txt
 
 ## bench-sustained: the highest rate outboxd keeps up with (p99 < 100 ms over
 ## 60 s windows) for 1-row and 100-row transactions, and the bottleneck there
