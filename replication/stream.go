@@ -534,39 +534,6 @@ func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, pro
 	}
 }
 
-// acquire takes room for an event of n bytes from b. While there is none
-// it reads nothing more from the server (that is the point: the bytes wait
-// in the server's WAL, not in memory) and keeps sending status updates, as
-// deliver does while out is full.
-func (s *Stream) acquire(ctx context.Context, b Budget, n int64, progress Progress, st *streamState) error {
-	if b.TryAcquire(n) {
-		return nil
-	}
-	stop := ctx.Done()
-	if st.inTxn {
-		stop = nil // finish the transaction in hand (see receive)
-	}
-	timer := time.NewTimer(time.Until(st.lastStatus.Add(s.cfg.StatusInterval)))
-	defer timer.Stop()
-	for {
-		select {
-		case <-b.Freed():
-			if b.TryAcquire(n) {
-				return nil
-			}
-		case <-stop:
-			return errStopped
-		case <-progress.Done():
-			return errStopped
-		case <-timer.C:
-			if err := s.sendStatus(st, progress, false); err != nil {
-				return err
-			}
-			timer.Reset(s.cfg.StatusInterval)
-		}
-	}
-}
-
 // Close closes the connection. Safe to call more than once.
 func (s *Stream) Close() {
 	if s.closed {
