@@ -6,7 +6,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // Issue 21: a produce request never exceeds the broker's
@@ -77,5 +80,31 @@ func TestKafkaProducerRequestsFitTheBrokersLimits(t *testing.T) {
 	t.Logf("%d produce requests, the largest %d bytes of batches", requests, largest)
 	if largest > reqMax {
 		t.Fatalf("a produce request carried %d bytes of batches, over socket.request.max.bytes %d", largest, reqMax)
+	}
+}
+
+// The real broker answers DescribeConfigs with its limits (Kafka 4.1's
+// defaults on the dev stack: message.max.bytes 1048588,
+// socket.request.max.bytes 104857600).
+func TestKafkaBrokerLimitsFromARealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	k := testenv.Kafka(t)
+	cfg := DefaultConfig()
+	cfg.Brokers = k.Brokers
+	conf, err := cfg.Sarama()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := sarama.NewClient(k.Brokers, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	msg, req, err := brokerLimits(client, conf)
+	t.Logf("message.max.bytes %d, socket.request.max.bytes %d, err %v", msg, req, err)
+	if err != nil || msg <= 0 || req <= 0 {
+		t.Fatalf("brokerLimits = %d, %d, %v: want both limits from the broker", msg, req, err)
 	}
 }
