@@ -152,13 +152,12 @@ func TestMemoryTable(t *testing.T) {
 		})
 	}
 
-	// Kafka stopped: one private broker, stopped while the rows of up to 5
-	// cells at a time are committed (the shared PostgreSQL has 20 slots for
-	// every test), started again after the outage.
-	ks := testenv.StartKafka(t)
+	// Kafka stopped: a private broker per group of up to 5 cells (the
+	// shared PostgreSQL has 20 slots for every test), stopped while their
+	// rows are committed, started again after the outage.
 	for i := 0; i < len(cells); i += 5 {
 		t.Run(fmt.Sprintf("stopped/%d", i/5), func(t *testing.T) {
-			memOutage(t, ks, cells[i:min(i+5, len(cells))], outage, add)
+			memOutage(t, testenv.StartKafka(t), cells[i:min(i+5, len(cells))], outage, add)
 		})
 	}
 	sort.Strings(lines)
