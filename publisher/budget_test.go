@@ -150,3 +150,25 @@ func TestBudgetSkippedEventsReleaseTheirRoom(t *testing.T) {
 }
 
 var _ replication.Budget = (*Pipeline)(nil)
+
+// Exactly-once: closing a Kafka transaction drains what was produced, not
+// the events of the next transaction the stream already handed over (they
+// hold room but wait in the channel for the drain to end). Fails — the
+// commit never comes — if drain waits for every event holding room.
+func TestBudgetDrainIgnoresEventsStillInTheChannel(t *testing.T) {
+	h := startCheckpointed(t, ExactlyOnce, nil)
+	h.p.cfg.TxnMaxEvents = 1
+	hh := &harness{t: t, p: h.p, in: h.in}
+	h.in <- beginAt(1900)
+	hh.handOver(bigEvent(1, 100))
+	h.in <- commit(2000)
+	h.in <- beginAt(2100)
+	hh.handOver(bigEvent(2, 100)) // waits in the channel during the commit
+	h.prod.ack(h.next())
+	h.prod.ack(h.next()) // the checkpoint
+	select {
+	case <-h.prod.commits:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no Kafka commit: the drain waited for an event still in the channel")
+	}
+}

@@ -26,6 +26,10 @@ type limiter struct {
 	// the pipeline must then send what it holds back.
 	wanted  chan struct{}
 	waiting bool
+	// handedOver counts the events the stream took room for that the
+	// pipeline has not taken yet (in the channel between them): they hold
+	// room, but no wait for acknowledgements (drain) may count on them.
+	handedOver int64
 	// progress is when an event was last released, or when the limiter
 	// last went from empty to busy: the start of the current wait for
 	// Kafka, for the stall metric.
@@ -41,6 +45,9 @@ func newLimiter(maxEvents int, maxBytes int64) *limiter {
 // notes that the stream waits and tells the pipeline.
 func (l *limiter) streamAcquire(n int64) bool {
 	if l.tryAcquire(n) {
+		l.mu.Lock()
+		l.handedOver++
+		l.mu.Unlock()
 		return true
 	}
 	l.mu.Lock()
@@ -61,6 +68,7 @@ func (l *limiter) streamWaiting() bool {
 // becoming a record) without waiting: the event already holds room.
 func (l *limiter) resize(old, n int64) {
 	l.mu.Lock()
+	l.handedOver--
 	l.bytes += n - old
 	l.mu.Unlock()
 	if n < old {
@@ -124,6 +132,23 @@ func (l *limiter) stalled(now time.Time) time.Duration {
 		return 0
 	}
 	return now.Sub(l.progress)
+}
+
+// releaseHandedOver releases an event the stream handed over that the
+// pipeline drops (a skipped transaction's).
+func (l *limiter) releaseHandedOver(n int64) {
+	l.mu.Lock()
+	l.handedOver--
+	l.mu.Unlock()
+	l.release(n)
+}
+
+// produced is the number of events handed to the producer (or failing)
+// and not yet back: what a drain waits for.
+func (l *limiter) produced() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.events - l.handedOver
 }
 
 func (l *limiter) inFlight() (events, bytes int64) {

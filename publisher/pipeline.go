@@ -214,7 +214,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			}
 			if skipping {
 				if m.Budgeted > 0 {
-					p.lim.release(m.Budgeted)
+					p.lim.releaseHandedOver(m.Budgeted)
 				}
 				continue
 			}
@@ -337,7 +337,9 @@ func (p *Pipeline) drain(ctx context.Context) error {
 		return err
 	}
 	for {
-		if n, _ := p.lim.inFlight(); n == 0 {
+		if p.lim.produced() == 0 {
+			// Events handed over and not read yet hold room too, but
+			// wait for this drain: they are not counted.
 			return nil
 		}
 		select {
