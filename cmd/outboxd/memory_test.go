@@ -22,8 +22,8 @@ import (
 // memK × --max-in-flight-bytes + memOverhead. k = 4: the records the
 // budget holds, their encoded copy in produce requests, both doubled by
 // Go's GC (GOGC=100 lets the heap grow to twice what is live). Measured
-// (make bench-memory): 278 MiB at the default 64 MiB budget, 98 MiB at
-// 16 MiB, the worst cells (Kafka back after 60 s away).
+// (make bench-memory, two runs): at worst 278 MiB at the default 64 MiB
+// budget, 104 MiB at 16 MiB (Kafka back after 60 s away).
 const (
 	memK        = 4
 	memOverhead = 64 << 20
