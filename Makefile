@@ -138,6 +138,17 @@ bench: deps
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
 	$(GO) run ./bench -outboxd bin/outboxd -out bench/results
 
+## bench-memory: README's memory table (issue 21): peak RSS of outboxd for
+## events of 200 B to 900 KB, Kafka up and stopped 60 s, default and 16 MiB
+## budgets (~15 min; needs the dev stack's .devstack.env):
+## bench/results/memory.txt. OUTBOXD_BENCH_MEMORY_GOMEMLIMIT=1 adds the cells
+## again with GOMEMLIMIT set from the budget.
+.PHONY: bench-memory
+bench-memory: deps
+	@set -euo pipefail; \
+	set -a; source ./.devstack.env; set +a; \
+	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./cmd/outboxd/ | tee bench/results/memory.txt
+
 ## bench-sustained: the highest rate outboxd keeps up with (p99 < 100 ms over
 ## 60 s windows) for 1-row and 100-row transactions, and the bottleneck there
 ## (~9 min): bin/bench-sustained/results.md

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -169,4 +170,13 @@ func (s *pgStore) attemptBatch(ctx context.Context, ms []*Message, h BatchHandle
 	}
 	committed = true
 	return dup, nil
+}
+
+// messageBytes is what a fetched message holds: key, value and headers.
+func messageBytes(m *sarama.ConsumerMessage) int {
+	n := len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += len(h.Key) + len(h.Value)
+	}
+	return n
 }

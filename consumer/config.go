@@ -59,6 +59,14 @@ type Config struct {
 	// a lone message is processed as soon as it arrives. Ignored when
 	// BatchSize ≤ 1.
 	BatchWait time.Duration
+	// BatchMaxBytes closes a batch once its messages' keys, values and
+	// headers reach this many bytes (a message larger than that goes
+	// alone). What a partition holds is then at most BatchMaxBytes plus one
+	// message in its batch, plus what sarama has fetched and buffered for
+	// it (ChannelBufferSize messages and one fetch of
+	// Consumer.Fetch.Default bytes, grown to the largest record): see
+	// consumer/doc.go "Memory". 0: 16 MiB.
+	BatchMaxBytes int
 
 	// DedupTable is the deduplication table, optionally schema-qualified.
 	DedupTable string
@@ -131,6 +139,9 @@ func (c Config) Validate() error {
 	if c.BatchSize < 0 {
 		errs = append(errs, fmt.Errorf("batch size must be ≥ 0, got %d", c.BatchSize))
 	}
+	if c.BatchMaxBytes < 0 {
+		errs = append(errs, fmt.Errorf("batch max bytes must be ≥ 0, got %d", c.BatchMaxBytes))
+	}
 	if c.BatchWait < 0 {
 		errs = append(errs, fmt.Errorf("batch wait must be ≥ 0, got %s", c.BatchWait))
 	}
@@ -155,6 +166,17 @@ func (c Config) deadLetterTopic(topic string) string {
 		return c.DeadLetterTopic(topic)
 	}
 	return topic + ".dlq"
+}
+
+// DefaultBatchMaxBytes is BatchMaxBytes when it is 0.
+const DefaultBatchMaxBytes = 16 << 20
+
+// batchMaxBytes is BatchMaxBytes, or its default.
+func (c Config) batchMaxBytes() int {
+	if c.BatchMaxBytes > 0 {
+		return c.BatchMaxBytes
+	}
+	return DefaultBatchMaxBytes
 }
 
 // batchSize is BatchSize, at least 1.

@@ -126,6 +126,17 @@
 // hold for batches; what changes is the cost: one commit per batch, and a
 // failed batch is done twice.
 //
+// # Memory
+//
+// One partition holds at most, in bytes: BatchMaxBytes (16 MiB by
+// default) plus one message in the batch being processed, plus what sarama
+// has fetched for it and not yet handed over — up to ChannelBufferSize
+// messages (256, raised to BatchSize) and one fetch response of
+// Consumer.Fetch.Default bytes (1 MiB, grown to the largest record when one
+// is larger). With records of at most R bytes that is ≤ BatchMaxBytes + R +
+// max(256, BatchSize)·R + max(1 MiB, R) per partition; lower
+// ChannelBufferSize (Config.Sarama) for large records.
+//
 // # Tracing
 //
 // A message may carry the W3C Trace Context headers [HeaderTraceParent] and

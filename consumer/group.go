@@ -83,8 +83,9 @@ func (g *groupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sara
 }
 
 // collect returns first and the messages that follow it on msgs, up to
-// BatchSize in all: those already buffered, and with BatchWait > 0 those
-// arriving within BatchWait. open is false when msgs was closed.
+// BatchSize in all and until their bytes reach BatchMaxBytes: those already
+// buffered, and with BatchWait > 0 those arriving within BatchWait. open is
+// false when msgs was closed.
 func (g *groupHandler) collect(ctx context.Context, msgs <-chan *sarama.ConsumerMessage, first *sarama.ConsumerMessage) (batch []*sarama.ConsumerMessage, open bool) {
 	n := g.cfg.batchSize()
 	batch = []*sarama.ConsumerMessage{first}
@@ -97,7 +98,8 @@ func (g *groupHandler) collect(ctx context.Context, msgs <-chan *sarama.Consumer
 		defer t.Stop()
 		deadline = t.C
 	}
-	for len(batch) < n {
+	bytes, maxBytes := messageBytes(first), g.cfg.batchMaxBytes()
+	for len(batch) < n && bytes < maxBytes {
 		if deadline == nil {
 			select {
 			case cm, ok := <-msgs:
@@ -105,6 +107,7 @@ func (g *groupHandler) collect(ctx context.Context, msgs <-chan *sarama.Consumer
 					return batch, false
 				}
 				batch = append(batch, cm)
+				bytes += messageBytes(cm)
 			default:
 				return batch, true // nothing more buffered: no waiting
 			}
@@ -116,6 +119,7 @@ func (g *groupHandler) collect(ctx context.Context, msgs <-chan *sarama.Consumer
 				return batch, false
 			}
 			batch = append(batch, cm)
+			bytes += messageBytes(cm)
 		case <-deadline:
 			return batch, true
 		case <-ctx.Done():

@@ -6,10 +6,10 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// newBatch takes the next records of ps's queue, up to MaxMessageBytes.
-func (p *Producer) newBatch(ps *partitionState) *batch {
+// nextBatch counts the records of ps's queue its next new batch takes, up
+// to MaxMessageBytes, and their size.
+func (p *Producer) nextBatch(ps *partitionState) (n, size int) {
 	limit := p.cfg.MaxMessageBytes - batchOverhead
-	n, size := 0, 0
 	for n < len(ps.queue) {
 		s := ps.queue[n].Size() + recordOverhead
 		if n > 0 && (size+s > limit || ps.single > 0) {
@@ -18,6 +18,22 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 		size += s
 		n++
 	}
+	return n, size
+}
+
+// nextBatchBytes is the size of the batch ps sends next: the one waiting to
+// be sent again, or the one newBatch would build.
+func (p *Producer) nextBatchBytes(ps *partitionState) int {
+	if ps.phase == partWaiting && ps.batch != nil {
+		return ps.batch.bytes
+	}
+	_, size := p.nextBatch(ps)
+	return size
+}
+
+// newBatch takes the next records of ps's queue, up to MaxMessageBytes.
+func (p *Producer) newBatch(ps *partitionState) *batch {
+	n, size := p.nextBatch(ps)
 	if ps.single > 0 {
 		ps.single--
 	}
@@ -79,5 +95,5 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 		}
 		rb.Records[i] = rec
 	}
-	return &batch{recs: recs, rb: rb}
+	return &batch{bytes: size, recs: recs, rb: rb}
 }

@@ -21,8 +21,14 @@ type Config struct {
 	// as soon as the previous request returns: batches under load, adds no
 	// latency when idle.
 	Linger time.Duration
-	// MaxMessageBytes is the largest record the producer accepts.
+	// MaxMessageBytes is the largest record the producer accepts, and the
+	// largest record batch it builds. Lowered at start to the broker's
+	// message.max.bytes when that is smaller (see BrokerLimits).
 	MaxMessageBytes int
+	// MaxRequestBytes caps one produce request (all its batches): the
+	// broker closes the connection of a larger one. Lowered at start to the
+	// broker's socket.request.max.bytes when that is smaller.
+	MaxRequestBytes int
 	// RetryBackoff and RetryBackoffMax bound the backoff (with jitter)
 	// between two attempts at the same batch.
 	RetryBackoff    time.Duration
@@ -75,6 +81,7 @@ func DefaultConfig() Config {
 		Version:         sarama.V4_1_0_0,
 		Compression:     "none",
 		MaxMessageBytes: 1000000,
+		MaxRequestBytes: 100 << 20, // Kafka's socket.request.max.bytes default
 		RetryBackoff:    50 * time.Millisecond,
 		RetryBackoffMax: time.Second,
 		DeliveryTimeout: 2 * time.Minute,
@@ -105,6 +112,9 @@ func (c Config) Validate() error {
 	var codec sarama.CompressionCodec
 	if err := codec.UnmarshalText([]byte(c.Compression)); err != nil {
 		errs = append(errs, fmt.Errorf("unknown Kafka compression %q: use none, gzip, snappy, lz4 or zstd", c.Compression))
+	}
+	if c.MaxRequestBytes < c.MaxMessageBytes {
+		errs = append(errs, fmt.Errorf("max request bytes (%d) must be ≥ max message bytes (%d): set --kafka-max-request-bytes", c.MaxRequestBytes, c.MaxMessageBytes))
 	}
 	if c.MaxMessageBytes < 1 {
 		errs = append(errs, fmt.Errorf("max message bytes must be ≥ 1, got %d", c.MaxMessageBytes))

@@ -62,8 +62,9 @@ type partitionState struct {
 }
 
 type batch struct {
-	recs []*Record
-	rb   *sarama.RecordBatch
+	bytes int // the records' size in the batch, at most MaxMessageBytes
+	recs  []*Record
+	rb    *sarama.RecordBatch
 }
 
 // hasWork reports whether ps has something to send now or later.

@@ -176,6 +176,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)
 	}
+	fitBroker(&cfg, client, conf, log)
 	p := &Producer{
 		cfg:     cfg,
 		conf:    conf,

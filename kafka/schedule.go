@@ -103,9 +103,20 @@ func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 		id := p.cfg.TransactionalID
 		req.TransactionalID = &id
 	}
+	// A request never exceeds MaxRequestBytes (the broker's
+	// socket.request.max.bytes): partitions that do not fit go in the
+	// broker's next request, their batch waiting in the queue.
+	size, sent := requestOverhead, parts[:0:0]
 	for _, ps := range parts {
-		req.AddBatch(ps.topic.name, ps.partition, p.take(ps).rb)
+		if len(sent) > 0 && size+p.nextBatchBytes(ps)+batchOverhead > p.cfg.MaxRequestBytes {
+			continue
+		}
+		b := p.take(ps)
+		size += b.bytes + batchOverhead
+		sent = append(sent, ps)
+		req.AddBatch(ps.topic.name, ps.partition, b.rb)
 	}
+	parts = sent
 	bs.busy = true
 	p.inflight++
 	b := bs.b

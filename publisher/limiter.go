@@ -6,14 +6,30 @@ import (
 	"time"
 )
 
-// limiter bounds the events and bytes in flight. One goroutine acquires,
-// any may release. An event larger than maxBytes is let through alone so it
-// cannot wedge the pipeline.
+// limiter is the session's one budget of events and bytes (issue 21): an
+// event holds room from the moment the stream hands it over (the Stream
+// acquires it through the pipeline's replication.Budget) until Kafka
+// acknowledged it or the dead-letter topic took it. The pipeline's
+// held-back records, the producer's queues, batches and requests, the open
+// exactly-once transaction and the dead-letter path all hold events that
+// still hold their room. An event larger than maxBytes is let through alone
+// so it cannot wedge the pipeline.
 type limiter struct {
 	mu                  sync.Mutex
 	events, bytes       int64
 	maxEvents, maxBytes int64
-	wake                chan struct{}
+	// wake is signalled on every release, for the pipeline's own waits.
+	wake chan struct{}
+	// freed is signalled on every release, for the stream's waits.
+	freed chan struct{}
+	// wanted is signalled, and waiting set, when the stream found no room:
+	// the pipeline must then send what it holds back.
+	wanted  chan struct{}
+	waiting bool
+	// handedOver counts the events the stream took room for that the
+	// pipeline has not taken yet (in the channel between them): they hold
+	// room, but no wait for acknowledgements (drain) may count on them.
+	handedOver int64
 	// progress is when an event was last released, or when the limiter
 	// last went from empty to busy: the start of the current wait for
 	// Kafka, for the stall metric.
@@ -21,7 +37,51 @@ type limiter struct {
 }
 
 func newLimiter(maxEvents int, maxBytes int64) *limiter {
-	return &limiter{maxEvents: int64(maxEvents), maxBytes: maxBytes, wake: make(chan struct{}, 1)}
+	return &limiter{maxEvents: int64(maxEvents), maxBytes: maxBytes,
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), wanted: make(chan struct{}, 1)}
+}
+
+// streamAcquire is tryAcquire for the stream: when there is no room it
+// notes that the stream waits and tells the pipeline.
+func (l *limiter) streamAcquire(n int64) bool {
+	if l.tryAcquire(n) {
+		l.mu.Lock()
+		l.handedOver++
+		l.mu.Unlock()
+		return true
+	}
+	l.mu.Lock()
+	l.waiting = true
+	l.mu.Unlock()
+	signal(l.wanted)
+	return false
+}
+
+// streamWaiting reports whether the stream waits for room.
+func (l *limiter) streamWaiting() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.waiting
+}
+
+// resize changes the bytes an event holds from old to n (a decoded event
+// becoming a record) without waiting: the event already holds room.
+func (l *limiter) resize(old, n int64) {
+	l.mu.Lock()
+	l.handedOver--
+	l.bytes += n - old
+	l.mu.Unlock()
+	if n < old {
+		signal(l.wake)
+		signal(l.freed)
+	}
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
 
 func (l *limiter) acquire(ctx context.Context, n int64) error {
@@ -47,6 +107,7 @@ func (l *limiter) tryAcquire(n int64) bool {
 		}
 		l.events++
 		l.bytes += n
+		l.waiting = false
 		return true
 	}
 	return false
@@ -58,10 +119,8 @@ func (l *limiter) release(n int64) {
 	l.bytes -= n
 	l.progress = time.Now()
 	l.mu.Unlock()
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
+	signal(l.wake)
+	signal(l.freed)
 }
 
 // stalled is how long events have been in flight with none released; zero
@@ -73,6 +132,23 @@ func (l *limiter) stalled(now time.Time) time.Duration {
 		return 0
 	}
 	return now.Sub(l.progress)
+}
+
+// releaseHandedOver releases an event the stream handed over that the
+// pipeline drops (a skipped transaction's).
+func (l *limiter) releaseHandedOver(n int64) {
+	l.mu.Lock()
+	l.handedOver--
+	l.mu.Unlock()
+	l.release(n)
+}
+
+// produced is the number of events handed to the producer (or failing)
+// and not yet back: what a drain waits for.
+func (l *limiter) produced() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.events - l.handedOver
 }
 
 func (l *limiter) inFlight() (events, bytes int64) {

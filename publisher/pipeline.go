@@ -102,6 +102,14 @@ func (p *Pipeline) Confirmed() pglogrepl.LSN { return p.wm.Confirmed() }
 // Done is closed when Run has returned.
 func (p *Pipeline) Done() <-chan struct{} { return p.done }
 
+// TryAcquire implements replication.Budget: the stream takes room for each
+// event before it hands it over, from the same budget that bounds what is
+// in flight to Kafka (--max-in-flight-bytes, --max-in-flight-events).
+func (p *Pipeline) TryAcquire(n int64) bool { return p.lim.streamAcquire(n) }
+
+// Freed implements replication.Budget.
+func (p *Pipeline) Freed() <-chan struct{} { return p.lim.freed }
+
 // fail records the session's first failure and releases every goroutine
 // of the session that waits on the session context.
 func (p *Pipeline) fail(err error) {
@@ -163,10 +171,19 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 		}
 	}
 	for {
+		if len(p.pending) > 0 && p.lim.streamWaiting() {
+			// The stream waits for room that only acknowledgements free:
+			// what is held back must go now.
+			if err := p.flush(ctx); err != nil {
+				return err
+			}
+		}
 		var m replication.Message
 		var ok bool
 		select {
 		case m, ok = <-in:
+		case <-p.lim.wanted:
+			continue // see above
 		case <-tick:
 			if err := p.tick(ctx); err != nil {
 				return err
@@ -196,10 +213,18 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				return fmt.Errorf("publisher: %w: event outside a transaction", replication.ErrProtocol)
 			}
 			if skipping {
+				if m.Budgeted > 0 {
+					p.lim.releaseHandedOver(m.Budgeted)
+				}
 				continue
 			}
 			p.m.observeReceived(begin)
 			if bad, ok := p.unpublishable(cur, &m); ok {
+				// The event is dropped: the room the stream took for it
+				// goes back (a dead-lettered record takes its own).
+				if m.Budgeted > 0 {
+					p.lim.releaseHandedOver(m.Budgeted)
+				}
 				if err := p.badEvent(ctx, cur, begin, &bad); err != nil {
 					return err
 				}
@@ -258,8 +283,12 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 	if p.cp != nil {
 		p.cp.noteRecord(r)
 	}
-	size := int64(r.Size())
-	if !p.lim.tryAcquire(size) {
+	size := recordCost(r)
+	if m.Budgeted > 0 {
+		// The stream took room for the decoded event; the record holds it
+		// from now on (the event is dropped).
+		p.lim.resize(m.Budgeted, size)
+	} else if !p.lim.tryAcquire(size) {
 		// The in-flight limit is reached: what is held back must go out
 		// before waiting, or nothing would ever come back to free room.
 		if err := p.flush(ctx); err != nil {
@@ -279,7 +308,7 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 		if err := p.flush(ctx); err != nil {
 			return err
 		}
-		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: errNoTopic}
+		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: r.Size(), Err: errNoTopic}
 		return p.handleResult(ctx, r)
 	}
 	p.pending = append(p.pending, r)
@@ -287,6 +316,12 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 		return p.flush(ctx)
 	}
 	return nil
+}
+
+// recordCost is what r holds of the budget until it comes back: its bytes
+// and the fixed cost of an event (replication.EventOverhead).
+func recordCost(r *kafka.Record) int64 {
+	return int64(r.Size()) + replication.EventOverhead
 }
 
 // batchSender is a Producer that takes several records at once, so that a
@@ -328,7 +363,9 @@ func (p *Pipeline) drain(ctx context.Context) error {
 		return err
 	}
 	for {
-		if n, _ := p.lim.inFlight(); n == 0 {
+		if p.lim.produced() == 0 {
+			// Events handed over and not read yet hold room too, but
+			// wait for this drain: they are not counted.
 			return nil
 		}
 		select {
@@ -354,7 +391,7 @@ func (p *Pipeline) ackLoop(ctx context.Context) {
 			if r.Err == nil {
 				acked++
 				if p.cfg.CrashAfterProduce > 0 && acked >= p.cfg.CrashAfterProduce {
-					p.log.Warn("crashing on purpose after produce, before confirming", zap.Int("acked", acked))
+					p.log.Info("DEMO: crashing on purpose after produce, before confirming (--crash-after-produce)", zap.Int("acked", acked))
 					p.crash()
 				}
 			}
@@ -367,7 +404,7 @@ func (p *Pipeline) ackLoop(ctx context.Context) {
 // handleResult accounts for one record back from Kafka.
 func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 	t := r.Meta.(*txn)
-	size := int64(r.Size())
+	size := recordCost(r)
 	if r.Err != nil {
 		if !errors.Is(r.Err, kafka.ErrPoison) {
 			p.m.ProduceErrors.WithLabelValues(r.Topic).Inc()
@@ -391,7 +428,7 @@ func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 			}
 		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
-		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size))
+		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(r.Size()))
 		if !t.commitTime.IsZero() {
 			p.m.observeLatency(t.commitTime)
 		}

@@ -256,7 +256,7 @@ func TestPipelineBoundsEventsInFlight(t *testing.T) {
 
 func TestPipelineBoundsBytesInFlight(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.MaxInFlightBytes = 70 // each test record is 31 bytes: two fit
+	cfg.MaxInFlightBytes = 2*(31+replication.EventOverhead) + 100 // each test record costs 31 bytes + the overhead: two fit
 	h := startPipeline(t, cfg, nil)
 	h.in <- begin()
 	for i := int64(1); i <= 5; i++ {

@@ -124,4 +124,7 @@ type Message struct {
 	Bad BadEvent
 	// WALStart is the XLogData start position the message came with.
 	WALStart pglogrepl.LSN
+	// Budgeted is the room the Stream took from the consumer's Budget for
+	// this event (Event.Size()); the consumer releases it. 0: none taken.
+	Budgeted int64
 }

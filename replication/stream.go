@@ -505,8 +505,16 @@ var ErrServerSilent = errors.New("replication server silent")
 // consumer is gone.
 var errStopped = errors.New("replication: stopped")
 
-// deliver hands m to the consumer, sending status updates while it waits.
+// deliver hands m to the consumer, sending status updates while it waits:
+// first for room in the consumer's Budget (an event), then for room in out.
 func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, progress Progress, st *streamState) error {
+	if b, ok := progress.(Budget); ok && m.Kind == KindEvent {
+		n := m.Event.Size()
+		if err := s.acquire(ctx, b, n, progress, st); err != nil {
+			return err
+		}
+		m.Budgeted = n
+	}
 	select {
 	case out <- m:
 		return nil

@@ -40,6 +40,7 @@ type options struct {
 	stallTimeout    time.Duration
 	retention       retention.Config
 	maxMessageBytes int
+	maxRequestBytes int
 	statusInterval  time.Duration
 	serverTimeout   time.Duration
 	noCreate        bool
@@ -81,6 +82,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.deliveryTimeout, "kafka-delivery-timeout", k.DeliveryTimeout, "how long a batch may keep failing with retriable errors (broker down, no leader, not enough replicas) before the pipeline restarts; until then the same batch is sent again, in order and without duplicates")
 	o.kafkaTopics.addFlags(fs, k)
 	fs.IntVar(&o.maxMessageBytes, "kafka-max-message-bytes", k.MaxMessageBytes, "largest record to produce; larger ones are poison events")
+	fs.IntVar(&o.maxRequestBytes, "kafka-max-request-bytes", k.MaxRequestBytes, "largest produce request (all its batches); lowered to the brokers' socket.request.max.bytes when they report a smaller one")
 	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
 	fs.DurationVar(&o.serverTimeout, "server-timeout", replication.DefaultStreamConfig().ServerTimeout, "restart the replication session when PostgreSQL sends nothing for this long, not even the keepalive asked for at half of it (half-open connection, stopped server)")
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
@@ -185,6 +187,7 @@ func (o *options) kafkaConfig() (kafka.Config, error) {
 		return k, err
 	}
 	k.MaxMessageBytes = o.maxMessageBytes
+	k.MaxRequestBytes = o.maxRequestBytes
 	k.Security = o.kafkaSec
 	return k, k.Validate()
 }

@@ -1,0 +1,190 @@
+package main
+
+// Issue 21: outboxd's memory is bounded by --max-in-flight-bytes, whatever
+// the events' size and however long Kafka is away. These tests run an
+// outboxd built without the race detector (whose shadow memory would hide
+// what is measured) and read its peak RSS (VmHWM) from /proc.
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/internal/testproc"
+)
+
+// memBound is the documented bound of README "Memory": peak RSS ≤
+// memK × --max-in-flight-bytes + memOverhead. k = 4: the records the
+// budget holds, their encoded copy in produce requests, both doubled by
+// Go's GC (GOGC=100 lets the heap grow to twice what is live). Measured
+// (make bench-memory, two runs): at worst 278 MiB at the default 64 MiB
+// budget, 104 MiB at 16 MiB (Kafka back after 60 s away).
+const (
+	memK        = 4
+	memOverhead = 64 << 20
+)
+
+var noRace struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// noRaceBinary builds outboxd without the race detector, once per run.
+func noRaceBinary(t testing.TB) string {
+	t.Helper()
+	noRace.once.Do(func() {
+		dir, err := os.MkdirTemp("", "outboxd-norace-")
+		if err != nil {
+			noRace.err = err
+			return
+		}
+		bins, err := testproc.BuildNoRace(dir, "./cmd/outboxd")
+		noRace.path, noRace.err = bins["outboxd"], err
+	})
+	if noRace.err != nil {
+		t.Fatalf("build outboxd without -race: %v", noRace.err)
+	}
+	return noRace.path
+}
+
+// startNoRace starts a non-race outboxd with e's arguments and waits until
+// it streams.
+func (e *env) startNoRace(extra ...string) *daemon {
+	e.t.Helper()
+	p := testproc.Start(e.t, noRaceBinary(e.t), e.args(extra...)...)
+	d := &daemon{t: e.t, p: p, out: output{p}, done: make(chan struct{})}
+	go func() {
+		<-p.Done()
+		d.code = p.ExitCode()
+		close(d.done)
+	}()
+	d.waitLog("streaming", 60*time.Second)
+	return d
+}
+
+// bigRows commits n outbox rows of about size bytes each, in transactions of
+// perTxn rows, over aggs aggregates.
+func (e *env) bigRows(n, size, perTxn, aggs int) {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	for done := 0; done < n; done += perTxn {
+		_, err := c.Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload)
+			SELECT 'agg-' || (g % $4), $1, jsonb_build_object('n', g, 'pad', repeat(md5(g::text), $5 / 32))
+			FROM generate_series($2::int, $3::int) AS g ORDER BY g`,
+			e.topic, done, min(done+perTxn, n)-1, aggs, size)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// Kafka stopped while 1,000 events of ~900 KB are committed: outboxd reads
+// until the budget is spent and waits; its peak RSS stays within the
+// documented bound; once Kafka is back every event arrives, in per-key
+// order. Before issue 21 the stream→pipeline channel alone held 1,024
+// decoded events whatever their size (1,948 MiB measured at the default
+// budget).
+func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
+	t.Parallel()
+	ks := testenv.StartKafka(t)
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("mem"), slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.topic, 6)
+	e.migrate()
+	const budget = 16 << 20
+	args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
+	d := e.startNoRace(args...)
+	// One event through first: the session then has its producer, and the
+	// outage hits a running pipeline (not a start that cannot connect).
+	e.bigRows(1, 100, 1, 1)
+	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) >= 1 })
+	ks.Stop()
+	const rows, size = 1000, 900_000
+	e.bigRows(rows, size, 10, 50)
+	down := time.Now()
+	for time.Since(down) < 15*time.Second { // the outage, observed
+		if d.exited() {
+			t.Fatalf("outboxd exited (%d) while Kafka was down:\n%s", d.code, d.p.Tail(20))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	during := d.peakRSS()
+	if m := regexp.MustCompile(`[^\n]*restarting pipeline[^\n]*`).FindString(d.out.String()); m != "" {
+		t.Logf("first restart: %s", m)
+	}
+	ks.Start()
+	v, n := e.delivered(4 * time.Minute)
+	peak := d.peakRSS()
+	bound := int64(memK*budget + memOverhead)
+	t.Logf("%d events of %d KB, Kafka stopped %s, budget %d MiB: peak RSS %d MiB during the outage, %d MiB in all (bound %d MiB); %s; restarts %v",
+		n, size/1000, time.Since(down).Round(time.Second), budget>>20, during>>20, peak>>20, bound>>20, v, d.restarts())
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != rows+1 {
+		t.Fatalf("after Kafka came back: %s (%d rows)", v, n)
+	}
+	if peak > bound {
+		t.Errorf("peak RSS %d MiB > %d × budget + %d MiB = %d MiB", peak>>20, memK, memOverhead>>20, bound>>20)
+	}
+	d.stop()
+}
+
+// Large transactions publish within the same bound, in both delivery
+// modes: 200 events of ~900 KB in one transaction (make test), and with
+// OUTBOXD_BENCH_MEMORY=1 (make bench-memory) one of 1,000,000 small rows.
+// pgoutput sends a transaction at its commit: the stream reads it as fast
+// as the budget lets it, and in exactly-once mode the whole transaction is
+// one Kafka transaction whose records free their room as they are acked.
+func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
+	t.Parallel()
+	type shape struct {
+		name                     string
+		rows, size, aggs, perTxn int
+	}
+	// 20x10x900KB: many transactions, each bigger than the budget's share,
+	// so that the next one waits in the hand-off while an exactly-once
+	// commit drains.
+	shapes := []shape{{"200x900KB", 200, 900_000, 20, 200}, {"20x10x900KB", 200, 900_000, 20, 10}}
+	if os.Getenv("OUTBOXD_BENCH_MEMORY") != "" {
+		shapes = append(shapes, shape{"1Mx100B", 1_000_000, 100, 1000, 1_000_000})
+	}
+	for _, s := range shapes {
+		for _, mode := range []string{"at-least-once", "exactly-once"} {
+			t.Run(s.name+"/"+mode, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t, 6)
+				const budget = 16 << 20
+				args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
+				if mode == "exactly-once" {
+					args = eosArgs(args...)
+				}
+				d := e.startNoRace(args...)
+				start := time.Now()
+				e.bigRows(s.rows, s.size, s.perTxn, s.aggs)
+				waitFor(t, 10*time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= int64(s.rows) })
+				took := time.Since(start)
+				peak := d.peakRSS()
+				bound := int64(memK*budget + memOverhead)
+				d.stop()
+				var v verdict
+				n := s.rows
+				if s.size > 1000 {
+					v, n = e.delivered(3 * time.Minute)
+				}
+				t.Logf("transactions of %d of %d events of %d B, %s, budget %d MiB: published in %s, peak RSS %d MiB (bound %d MiB); %s",
+					s.perTxn, n, s.size, mode, budget>>20, took.Round(100*time.Millisecond), peak>>20, bound>>20, v)
+				if v.lost != 0 || v.duplicated != 0 && mode == "exactly-once" || v.reordered != 0 || v.corrupt != 0 || n != s.rows {
+					t.Fatalf("large transaction: %s (%d rows)", v, n)
+				}
+				if peak > bound {
+					t.Errorf("peak RSS %d MiB > bound %d MiB", peak>>20, bound>>20)
+				}
+			})
+		}
+	}
+}
