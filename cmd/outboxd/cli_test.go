@@ -148,3 +148,24 @@ func TestBashCompletionCompletesCommandsAndFlags(t *testing.T) {
 		t.Error("an unknown shell was accepted")
 	}
 }
+
+func TestByteSizesTakeUnits(t *testing.T) {
+	for in, want := range map[string]int64{"1048576": 1 << 20, "64MiB": 64 << 20, "900KB": 900_000, "900kB": 900_000,
+		"1GiB": 1 << 30, "2 MiB": 2 << 20, "0": 0, "5B": 5} {
+		if got, err := parseByteSize(in); err != nil || got != want {
+			t.Errorf("%q: %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"64M", "-1", "1.5GiB", "MiB", "99999999999TiB"} {
+		if _, err := parseByteSize(bad); err == nil {
+			t.Errorf("%q was accepted", bad)
+		}
+	}
+	o, _, err := parseRun(t, map[string]string{"OUTBOXD_KAFKA_MAX_MESSAGE_BYTES": "2MiB"}, "--max-in-flight-bytes", "16MiB")
+	if err != nil || o.pub.MaxInFlightBytes != 16<<20 || o.maxMessageBytes != 2<<20 {
+		t.Errorf("16MiB, 2MiB: got %d, %d (%v)", o.pub.MaxInFlightBytes, o.maxMessageBytes, err)
+	}
+	if _, _, err := parseRun(t, nil, "--kafka-max-message-bytes", "4GiB"); err == nil {
+		t.Error("a record limit above 2 GiB was accepted")
+	}
+}

@@ -60,6 +60,8 @@ func flagType(f *flag.Flag) string {
 		return "value"
 	}
 	switch g.Get().(type) {
+	case sizeValue:
+		return "size"
 	case bool:
 		return ""
 	case time.Duration:
@@ -153,6 +155,8 @@ func valueHint(f *flag.Flag) string {
 		return "want a duration with a unit, e.g. 30s, 5m, 1h30m, 250ms"
 	case "int":
 		return "want a whole number"
+	case "size":
+		return "want a size: bytes, or a number with a unit, e.g. 64MiB, 900KB, 1GiB"
 	case "":
 		return "want true or false"
 	}

@@ -76,8 +76,9 @@ func cmdStatus(ctx context.Context, args []string) error {
 	var o options
 	fs := newFlagSet("status", &o)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	maxLag := fs.Int64("max-lag-bytes", 0, "also a problem: lag above this many bytes (0: no limit)")
-	maxRetained := fs.Int64("max-retained-wal-bytes", 0, "also a problem: retained WAL above this many bytes (0: no limit)")
+	maxLag, maxRetained := new(int64), new(int64)
+	bytesVar(fs, maxLag, "max-lag-bytes", 0, "also a problem: lag above this size (e.g. 1GiB; 0: no limit)")
+	bytesVar(fs, maxRetained, "max-retained-wal-bytes", 0, "also a problem: retained WAL above this size (e.g. 20GiB; 0: no limit)")
 	allowInactive := fs.Bool("allow-inactive", false, "an inactive slot (no outboxd streaming) is not a problem")
 	brokers := fs.String("kafka-brokers", "", "also read outboxd's checkpoint from Kafka and show it next to the slot's position")
 	cpTopic := fs.String("checkpoint-topic", publisher.DefaultConfig().CheckpointTopic, "with --kafka-brokers: the checkpoint topic")
