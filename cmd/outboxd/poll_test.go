@@ -56,7 +56,16 @@ func migrateForPoll(t *testing.T, dsn string) {
 		"migrate: up to date\n",
 	} {
 		d := startDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
-		if code := d.wait(60 * time.Second); code != 0 || d.out.String() != want {
+		code := d.wait(60 * time.Second)
+		// migrate also says whether PUBLIC may still emit logical messages
+		// (issue 19): not what this test is about.
+		var got strings.Builder
+		for _, l := range strings.SplitAfter(d.out.String(), "\n") {
+			if !strings.Contains(l, "pg_logical_emit_message") {
+				got.WriteString(l)
+			}
+		}
+		if code != 0 || got.String() != want {
 			t.Fatalf("outboxd migrate --source=poll: exit %d, output:\n%s\nwant exit 0 and:\n%s", code, d.out, want)
 		}
 	}

@@ -35,10 +35,7 @@ const startTimeout = 30 * time.Second
 
 // checkKafkaAtStart connects to the brokers once (and authenticates).
 func checkKafkaAtStart(ctx context.Context, kcfg kafka.Config, logger *zap.Logger) error {
-	if err := kafka.Check(ctx, kcfg, logger); err != nil {
-		return fmt.Errorf("at start: %w", err)
-	}
-	return nil
+	return kafka.Check(ctx, kcfg, logger)
 }
 
 // checkPollTableAtStart connects to PostgreSQL once and checks that the
@@ -48,23 +45,24 @@ func checkPollTableAtStart(ctx context.Context, o *options) error {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, o.pgDSN)
 	if err != nil {
-		return fmt.Errorf("at start: connect to PostgreSQL: %w", err)
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	table := pgx.Identifier{o.slot.Schema, o.slot.Table}.Sanitize()
+	plain := o.slot.Schema + "." + o.slot.Table
 	var exists, hasColumn bool
 	err = conn.QueryRow(ctx, `
 		SELECT to_regclass($1) IS NOT NULL,
 		       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
 		                 AND attname = 'published_at' AND NOT attisdropped)`, table).Scan(&exists, &hasColumn)
 	if err != nil {
-		return fmt.Errorf("at start: check the outbox table %s: %w", table, err)
+		return fmt.Errorf("check the outbox table %s: %w", plain, err)
 	}
 	switch {
 	case !exists:
-		return fmt.Errorf("at start: the outbox table %s does not exist: run outboxd migrate --source=poll (or set --schema/--table)", table)
+		return fmt.Errorf("outbox table %s does not exist: run \"outboxd migrate --source=poll\" or create it (or set --schema/--table)", plain)
 	case !hasColumn:
-		return fmt.Errorf("at start: the outbox table %s has no published_at column, which the polling source needs: run outboxd migrate --source=poll", table)
+		return fmt.Errorf("outbox table %s has no column \"published_at\": run \"outboxd migrate --source=poll\" (poll.Migrate adds it)", plain)
 	}
 	return nil
 }

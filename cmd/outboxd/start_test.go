@@ -39,7 +39,7 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	t.Run("cdc, broker unreachable: exit, and no slot created", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1)
-		expectStartFailure(t, "at start:", "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
+		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
 			"--slot", e.slot, "--publication", e.slot)
 		var slots int
 		c := e.conn()
@@ -54,20 +54,20 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	t.Run("poll, database unreachable", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1)
-		expectStartFailure(t, "at start: connect to PostgreSQL", "run", "--source", "poll",
+		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
 			"--pg-dsn", "postgres://postgres@"+closedPort(t)+"/outboxd?sslmode=disable",
 			"--kafka-brokers", strings.Join(e.brokers, ","))
 	})
 	t.Run("poll, table without published_at", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1) // outboxd migrate, not --source=poll
-		expectStartFailure(t, "has no published_at column, which the polling source needs: run outboxd migrate --source=poll",
+		expectStartFailure(t, `has no column "published_at": run "outboxd migrate --source=poll"`,
 			"run", "--source", "poll", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","))
 	})
 	t.Run("poll, unknown host", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1)
-		expectStartFailure(t, "at start: connect to PostgreSQL", "run", "--source", "poll",
+		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
 			"--pg-dsn", "postgres://postgres@no-such-host.invalid:5432/x", "--kafka-brokers", strings.Join(e.brokers, ","))
 	})
 }

@@ -110,10 +110,5 @@ func (o *options) validateCombinations() error {
 	if o.poll.interval <= 0 {
 		errs = append(errs, fmt.Errorf("--poll-interval %s: must be > 0", o.poll.interval))
 	}
-	switch o.poll.source {
-	case sourceCDC, sourcePoll, sourceMessages:
-	default:
-		errs = append(errs, fmt.Errorf("--source %q: use %s, %s or %s", o.poll.source, sourceCDC, sourceMessages, sourcePoll))
-	}
 	return errors.Join(errs...)
 }
