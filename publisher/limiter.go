@@ -44,13 +44,16 @@ func newLimiter(maxEvents int, maxBytes int64) *limiter {
 // streamAcquire is tryAcquire for the stream: when there is no room it
 // notes that the stream waits and tells the pipeline.
 func (l *limiter) streamAcquire(n int64) bool {
-	if l.tryAcquire(n) {
-		l.mu.Lock()
+	l.mu.Lock()
+	// One critical section: were events counted before handedOver, a drain
+	// reading produced() in between would wait for an event nobody
+	// produced, with nothing in flight to wake it (a silent hang, seen as
+	// TestRunExactlyOnceKill9UnderLoad losing its tail).
+	if l.tryAcquireLocked(n) {
 		l.handedOver++
 		l.mu.Unlock()
 		return true
 	}
-	l.mu.Lock()
 	l.waiting = true
 	l.mu.Unlock()
 	signal(l.wanted)
@@ -101,6 +104,11 @@ func (l *limiter) acquire(ctx context.Context, n int64) error {
 func (l *limiter) tryAcquire(n int64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.tryAcquireLocked(n)
+}
+
+// tryAcquireLocked is tryAcquire with l.mu held.
+func (l *limiter) tryAcquireLocked(n int64) bool {
 	if l.events == 0 || (l.events < l.maxEvents && l.bytes+n <= l.maxBytes) {
 		if l.events == 0 {
 			l.progress = time.Now()
