@@ -147,8 +147,12 @@ func (l *limiter) stalled(now time.Time) time.Duration {
 func (l *limiter) releaseHandedOver(n int64) {
 	l.mu.Lock()
 	l.handedOver--
+	l.events--
+	l.bytes -= n
+	l.progress = time.Now()
 	l.mu.Unlock()
-	l.release(n)
+	signal(l.wake)
+	signal(l.freed)
 }
 
 // produced is the number of events handed to the producer (or failing)
