@@ -174,6 +174,16 @@ func (p *Producer) unknownTopic(t *topicState, err error, now time.Time) {
 		}
 	}
 	for _, ps := range t.parts {
+		// A batch waiting to be sent again (a produce answered "unknown
+		// topic" before the lookups called it missing) is poison too:
+		// nothing else would ever answer its records.
+		if ps.phase == partWaiting {
+			recs := ps.batch.recs
+			ps.batch, ps.phase = nil, partIdle
+			for _, r := range recs {
+				p.poison(ps, r, t.missing)
+			}
+		}
 		// Queued records were never sent: each is poison itself.
 		queue := ps.queue
 		ps.queue, ps.queued = nil, 0

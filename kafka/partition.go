@@ -72,9 +72,6 @@ func (ps *partitionState) hasWork() bool {
 	return ps.phase == partWaiting || (ps.phase == partIdle && len(ps.queue) > 0)
 }
 
-// sendable reports whether ps may go into the next request.
-func (ps *partitionState) sendable() bool { return ps.hasWork() }
-
 // take moves ps's batch into a request: a new batch from the queue when
 // idle, the same batch again when waiting.
 func (p *Producer) take(ps *partitionState) *batch {

@@ -415,9 +415,13 @@ func (p *Producer) add(r *Record) {
 	switch {
 	case t.failed != nil:
 		p.fail(r, p.stoppedErr(r, t.failed))
-	case t.partitions == 0, t.nextPartitions != 0:
+	case t.partitions == 0:
 		t.pending = append(t.pending, r)
 		p.resolve(t)
+	case t.nextPartitions != 0:
+		// The partition count changed: records wait until the old
+		// partitions drained (repartitioned, from schedule); no lookup.
+		t.pending = append(t.pending, r)
 	default:
 		p.route(t, r)
 	}

@@ -116,17 +116,7 @@ type fakeKafka struct {
 
 func startFakeKafka(t *testing.T, partitions int32, topics ...string) *fakeKafka {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	f := &fakeKafka{c: c, log: &produceLog{}}
-	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
-		f.log.observe(kreq)
-		return nil, nil, false // observe only; kept
-	})
-	return f
+	return startFakeKafkaBrokers(t, 1, partitions, topics...)
 }
 
 func testKafkaConfig(brokers []string) Config {

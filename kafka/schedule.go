@@ -37,7 +37,7 @@ func (p *Producer) schedule() time.Time {
 			}
 		}
 		for _, ps := range t.parts {
-			if !ps.sendable() {
+			if !ps.hasWork() {
 				continue
 			}
 			if ps.leader == nil {

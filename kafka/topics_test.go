@@ -25,7 +25,7 @@ func startFakeKafkaBrokers(t *testing.T, n int, partitions int32, topics ...stri
 	f := &fakeKafka{c: c, log: &produceLog{}}
 	c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
 		f.log.observe(kreq)
-		return nil, nil, false
+		return nil, nil, false // observe only; kept
 	})
 	return f
 }
@@ -196,4 +196,28 @@ func newKgoClient(t *testing.T, brokers []string) *kgo.Client {
 	}
 	t.Cleanup(cl.Close)
 	return cl
+}
+
+// In dead-letter mode, a batch the broker answered "unknown topic" (the
+// topic deleted after its metadata was known) waits to be sent again; once
+// the lookups call the topic missing, that batch is poison too. Before, only
+// the queue was: the waiting batch was never answered and the pipeline
+// waited on it for good.
+func TestKafkaProducerWaitingBatchOfAMissingTopicIsPoison(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.ContinueAfterPoison = true
+	cfg.UnknownTopicTimeout = 200 * time.Millisecond
+	p := newTestProducer(t, cfg)
+	sendAll(t, p, rec(1, "t", "a"))
+	if r := results(t, p, 1)[0]; r.Err != nil {
+		t.Fatalf("record 1: %v", r.Err)
+	}
+	if err := f.c.DeleteTopic("t"); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, p, rec(2, "t", "a"))                                                // to the known leader: "unknown topic", then waits
+	if r := results(t, p, 1)[0]; r.OutboxID != 2 || !errors.Is(r.Err, ErrPoison) { // fails after 10 s unanswered
+		t.Fatalf("record %d: %v, want record 2 poison (its topic is gone)", r.OutboxID, r.Err)
+	}
 }
