@@ -73,28 +73,33 @@ func (p *Producer) classifyTxnErr(err error) error {
 	if p.cfg.TransactionalID == "" || errors.Is(err, ErrFenced) || errors.Is(err, ErrTxnLost) {
 		return err
 	}
+	epochErr := errors.Is(err, sarama.ErrProducerFenced) || errors.Is(err, sarama.ErrInvalidProducerEpoch) ||
+		errors.Is(err, sarama.ErrInvalidProducerIDMapping)
+	// A transaction open past its timeout was aborted by the coordinator,
+	// which bumped the epoch: whichever of the three answers follows
+	// (EndTxn and AddPartitions say PRODUCER_FENCED), the cause is the
+	// timeout, not another outboxd.
+	if open := p.txnAge(); epochErr && open >= p.cfg.TransactionTimeout {
+		return &TxnTimeoutError{Open: open, Timeout: p.cfg.TransactionTimeout, Err: fmt.Errorf("%w: %w", ErrTxnLost, err)}
+	}
 	switch {
 	case errors.Is(err, sarama.ErrProducerFenced):
 		return fmt.Errorf("%w: %w", ErrFenced, err)
 	case errors.Is(err, sarama.ErrTransactionalIDAuthorizationFailed):
 		return &ACLError{Operation: "Write", ResourceType: "transactional-id", Resource: p.cfg.TransactionalID, Principal: p.cfg.Security.SASLUser, Err: err}
-	case errors.Is(err, sarama.ErrInvalidProducerEpoch), errors.Is(err, sarama.ErrInvalidProducerIDMapping):
-		lost := fmt.Errorf("%w: %w", ErrTxnLost, err)
-		if open := p.txnAge(); open >= p.cfg.TransactionTimeout {
-			return &TxnTimeoutError{Open: open, Timeout: p.cfg.TransactionTimeout, Err: lost}
-		}
-		return lost
+	case epochErr:
+		return fmt.Errorf("%w: %w", ErrTxnLost, err)
 	}
 	return err
 }
 
 // txnAge is how long the current transaction has been open (zero: none).
 func (p *Producer) txnAge() time.Duration {
-	opened := time.Unix(0, p.txnOpened.Load())
-	if p.txnOpened.Load() == 0 {
+	opened := p.txnOpened.Load()
+	if opened == 0 {
 		return 0
 	}
-	return time.Since(opened)
+	return time.Since(time.Unix(0, opened))
 }
 
 // coordinatorRetriable are the errors after which a transaction request to
@@ -136,11 +141,15 @@ func (p *Producer) coordinatorCall(what string, deadline time.Time, fn func(*sar
 		} else {
 			err = fn(b)
 		}
+		classified := err
+		if err != nil {
+			classified = p.classifyTxnErr(err)
+		}
 		switch {
 		case err == nil:
 			return nil
-		case p.classifyTxnErr(err) != err:
-			return fmt.Errorf("%s: %w", what, p.classifyTxnErr(err))
+		case classified != err:
+			return fmt.Errorf("%s: %w", what, classified)
 		case !coordinatorRetriable(err) || time.Now().After(deadline):
 			return fmt.Errorf("%s: %w", what, err)
 		}

@@ -28,6 +28,10 @@ func TestKafkaTxnErrorClassification(t *testing.T) {
 		{sarama.ErrInvalidProducerIDMapping, 0, ErrTxnLost, ErrFenced, "restarting"},
 		{sarama.ErrInvalidProducerEpoch, time.Second, ErrTxnLost, ErrFenced, "restarting"},
 		{sarama.ErrInvalidProducerEpoch, 2 * time.Minute, ErrTxnTimeout, ErrFenced, "--kafka-txn-timeout"},
+		// After a timeout abort EndTxn and AddPartitions answer
+		// PRODUCER_FENCED (the coordinator bumped the epoch): the timeout
+		// is the cause, not another outboxd.
+		{sarama.ErrProducerFenced, 2 * time.Minute, ErrTxnTimeout, ErrFenced, "--kafka-txn-timeout"},
 		{sarama.ErrTransactionalIDAuthorizationFailed, 0, ErrNotAuthorized, ErrFenced, "--operation Write --transactional-id tx-1"},
 	} {
 		t.Run(fmt.Sprintf("%v/open=%s", tc.err, tc.openFor), func(t *testing.T) {
