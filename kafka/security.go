@@ -235,7 +235,30 @@ func Check(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	log.Info("connecting to Kafka", zap.Strings("brokers", cfg.Brokers), zap.String("security", cfg.Security.Describe()))
-	return check(ctx, sc, cfg.Brokers, cfg.Security, log)
+	// An unknown host is final at once; brokers that refuse or time out are
+	// tried again until the minute is over (a rolling restart, Kafka still
+	// starting beside outboxd), then the start fails.
+	var last error
+	for attempt := 1; ; attempt++ {
+		err := check(ctx, sc, cfg.Brokers, cfg.Security, log)
+		if ctx.Err() != nil && last != nil {
+			return last // the minute ran out: say why the brokers did not answer
+		}
+		last = err
+		var unreachable *UnreachableError
+		var dnsErr *net.DNSError
+		if !errors.As(err, &unreachable) || (errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
+			return err
+		}
+		if attempt == 1 {
+			log.Warn("Kafka is not reachable yet; trying again for up to a minute", zap.Strings("brokers", cfg.Brokers), zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func check(ctx context.Context, sc *sarama.Config, brokers []string, sec Security, log *zap.Logger) error {
@@ -289,8 +312,7 @@ func check(ctx context.Context, sc *sarama.Config, brokers []string, sec Securit
 		return nil
 	}
 	var netErr net.Error
-	var dnsErr *net.DNSError
-	if errors.As(err, &dnsErr) || errors.As(err, &netErr) || errors.Is(err, sarama.ErrOutOfBrokers) {
+	if errors.As(err, &netErr) || errors.Is(err, sarama.ErrOutOfBrokers) {
 		return &UnreachableError{Brokers: brokers, Err: err}
 	}
 	log.Warn("Kafka connection check failed; the publisher will keep retrying", zap.Error(err))
