@@ -58,8 +58,19 @@ func (c *badCause) Is(target error) bool { return target == kafka.ErrPoison }
 // the transaction's watermark like any event, so nothing is confirmed past
 // it before the dead-letter topic acknowledged it — or, without one, a
 // BadEventError.
-func (p *Pipeline) badEvent(ctx context.Context, t *txn, b replication.Begin, bad *replication.BadEvent) error {
+//
+// budgeted is the room the stream took for the event (0: none): it goes
+// back when the event is skipped or halts, and becomes the dead-letter
+// record's room, which is never waited for — the record is dead-lettered
+// and released in this call, while waiting could hang for good behind
+// events the stream handed over after this one.
+func (p *Pipeline) badEvent(ctx context.Context, t *txn, b replication.Begin, bad *replication.BadEvent, budgeted int64) error {
 	fields := []zap.Field{zap.Stringer("lsn", bad.LSN), zap.Uint32("xid", b.Xid), zap.String("table", bad.Table), zap.String("reason", bad.Reason)}
+	if p.dlq == nil || slices.Contains(p.cfg.SkipBadEvents, bad.LSN) {
+		if budgeted > 0 {
+			p.lim.releaseHandedOver(budgeted)
+		}
+	}
 	if slices.Contains(p.cfg.SkipBadEvents, bad.LSN) {
 		p.m.BadEvents.WithLabelValues("skipped").Inc()
 		p.log.Warn("skipped the bad event --skip-bad-event names", fields...)
@@ -76,14 +87,14 @@ func (p *Pipeline) badEvent(ctx context.Context, t *txn, b replication.Begin, ba
 	}
 	r := badRecord(b, bad)
 	r.Meta = t
-	size := int64(r.Size())
+	size := recordCost(r) // what handleResult releases
 	if err := p.flush(ctx); err != nil {
 		return err
 	}
-	if !p.lim.tryAcquire(size) {
-		if err := p.lim.acquire(ctx, size); err != nil {
-			return err
-		}
+	if budgeted > 0 {
+		p.lim.resize(budgeted, size)
+	} else {
+		p.lim.take(size)
 	}
 	p.wm.Add(t)
 	p.m.InFlightEvents.Inc()
@@ -132,6 +143,9 @@ func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.Ba
 		reason = errNoTopic.Error()
 	case p.dlq == nil && p.cfg.MaxRecordBytes > 0 && p.mayBeOversized(ev):
 		r := NewRecord(ev, &p.cfg.Mapping, t.commitTime)
+		if p.cp != nil {
+			p.cp.addOrigin(r) // produce adds it too: measure the record Kafka gets
+		}
 		if n := r.Size() + kafka.RecordOverhead; n > p.cfg.MaxRecordBytes {
 			reason = fmt.Sprintf("record of %d bytes is larger than the producer's max message bytes (%d, --kafka-max-message-bytes)", r.Size(), p.cfg.MaxRecordBytes)
 		}
@@ -154,9 +168,6 @@ func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.Ba
 // record twice: encoding (a JSON string escapes a byte into at most 6)
 // and outboxd's own headers cannot take a smaller event over the limit.
 func (p *Pipeline) mayBeOversized(ev *replication.Event) bool {
-	n := len(ev.AggregateID) + len(ev.Payload) + len(ev.EventType) + len(ev.UUID)
-	for _, h := range ev.Headers {
-		n += len(h.Key) + len(h.Value)
-	}
+	n := int(ev.Size() - replication.EventOverhead) // its variable bytes (and the topic's: a bound)
 	return 6*n+2*len(ev.AggregateID)+512+kafka.RecordOverhead > p.cfg.MaxRecordBytes
 }

@@ -90,6 +90,7 @@ func TestPipelineBadEventDeadLettered(t *testing.T) {
 	}
 	h.prod.ack(r1)
 	h.waitConfirmed(3000)
+	h.waitInFlight(0) // the dead-lettered record gave back exactly the room it took
 	dlq.mu.Lock()
 	defer dlq.mu.Unlock()
 	if len(dlq.got) != 1 {
@@ -166,5 +167,38 @@ func TestPipelineOversizedEventIsBadWithoutDeadLetterTopic(t *testing.T) {
 	r1, r3 := h.next(), h.next()
 	if r1.OutboxID != 1 || r3.OutboxID != 3 {
 		t.Fatalf("sent ids %d, %d; want 1 and 3 around the skipped one", r1.OutboxID, r3.OutboxID)
+	}
+}
+
+// A bad event going to the dead-letter topic never waits for room: the
+// budget may be full of events the stream handed over after it, which wait
+// in the channel for this very goroutine — waiting would hang for good.
+func TestPipelineBadEventDeadLetteredWhenTheBudgetIsFull(t *testing.T) {
+	bad := badAt(0x500)
+	big := bigEvent(2, 5000)
+	cfg := DefaultConfig()
+	cfg.DeadLetterTopic = "dlq"
+	cfg.MaxInFlightBytes = bad.Bad.Size() + eventCost(big) // full once both are handed over
+	dlq := &fakeDLQ{}
+	h := startPipeline(t, cfg, dlq)
+	h.in <- begin()
+	if !h.p.TryAcquire(bad.Bad.Size()) { // as the stream does for a bad event
+		t.Fatal("no room for the bad event")
+	}
+	bad.Budgeted = bad.Bad.Size()
+	h.in <- bad
+	h.handOver(big)
+	h.in <- commit(2000)
+	r := h.next() // the event behind the bad one went on to Kafka
+	if r.OutboxID != 2 {
+		t.Fatalf("record %d sent, want 2", r.OutboxID)
+	}
+	h.prod.ack(r)
+	h.waitConfirmed(2000)
+	h.waitInFlight(0)
+	dlq.mu.Lock()
+	defer dlq.mu.Unlock()
+	if len(dlq.got) != 1 {
+		t.Fatalf("%d records dead-lettered, want 1", len(dlq.got))
 	}
 }

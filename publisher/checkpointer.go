@@ -94,11 +94,16 @@ func (c *checkpointing) stamp(cp Checkpoint) Checkpoint {
 // noteRecord adds the origin header to an event's record and remembers its
 // id for MaxOutboxID.
 func (c *checkpointing) noteRecord(r *kafka.Record) {
-	if c.origin != nil {
-		r.Headers = append(r.Headers, kafka.Header{Key: HeaderOrigin, Value: c.origin})
-	}
+	c.addOrigin(r)
 	if r.OutboxID > c.maxID.Load() {
 		c.maxID.Store(r.OutboxID)
+	}
+}
+
+// addOrigin adds the origin header, when this shape sends it.
+func (c *checkpointing) addOrigin(r *kafka.Record) {
+	if c.origin != nil {
+		r.Headers = append(r.Headers, kafka.Header{Key: HeaderOrigin, Value: c.origin})
 	}
 }
 

@@ -107,6 +107,18 @@ func (l *limiter) tryAcquire(n int64) bool {
 	return l.tryAcquireLocked(n)
 }
 
+// take counts an event of n bytes that is released before the caller
+// returns (a dead-lettered bad event), without waiting for room.
+func (l *limiter) take(n int64) {
+	l.mu.Lock()
+	if l.events == 0 {
+		l.progress = time.Now()
+	}
+	l.events++
+	l.bytes += n
+	l.mu.Unlock()
+}
+
 // tryAcquireLocked is tryAcquire with l.mu held.
 func (l *limiter) tryAcquireLocked(n int64) bool {
 	if l.events == 0 || (l.events < l.maxEvents && l.bytes+n <= l.maxBytes) {

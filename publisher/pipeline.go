@@ -220,12 +220,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			}
 			p.m.observeReceived(begin)
 			if bad, ok := p.unpublishable(cur, &m); ok {
-				// The event is dropped: the room the stream took for it
-				// goes back (a dead-lettered record takes its own).
-				if m.Budgeted > 0 {
-					p.lim.releaseHandedOver(m.Budgeted)
-				}
-				if err := p.badEvent(ctx, cur, begin, &bad); err != nil {
+				if err := p.badEvent(ctx, cur, begin, &bad, m.Budgeted); err != nil {
 					return err
 				}
 				continue
@@ -239,9 +234,12 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				return fmt.Errorf("publisher: %w: bad event outside a transaction", replication.ErrProtocol)
 			}
 			if skipping {
+				if m.Budgeted > 0 {
+					p.lim.releaseHandedOver(m.Budgeted)
+				}
 				continue
 			}
-			if err := p.badEvent(ctx, cur, begin, &m.Bad); err != nil {
+			if err := p.badEvent(ctx, cur, begin, &m.Bad, m.Budgeted); err != nil {
 				return err
 			}
 		case replication.KindRejected:
@@ -301,16 +299,6 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 	p.wm.Add(t)
 	p.m.InFlightEvents.Inc()
 	p.m.InFlightBytes.Add(float64(size))
-	if r.Topic == "" {
-		// Unroutable: never reaches Kafka. Hand it to the ack loop as a
-		// failed record so it is treated like any other poison event, after
-		// the records before it.
-		if err := p.flush(ctx); err != nil {
-			return err
-		}
-		r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: r.Size(), Err: errNoTopic}
-		return p.handleResult(ctx, r)
-	}
 	p.pending = append(p.pending, r)
 	if len(p.pending) >= maxPending {
 		return p.flush(ctx)
@@ -428,7 +416,7 @@ func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 			}
 		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
-		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(r.Size()))
+		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size - replication.EventOverhead))
 		if !t.commitTime.IsZero() {
 			p.m.observeLatency(t.commitTime)
 		}

@@ -78,7 +78,9 @@ func NewRecord(ev *replication.Event, m *Mapping, commitTime time.Time) *kafka.R
 	if topic == "" {
 		topic = m.DefaultTopic
 	}
-	hs := make([]kafka.Header, 0, 3+len(ev.Headers))
+	// Room for the id, key and event-type headers, the row's, and the
+	// origin header the pipeline adds (no second allocation per event).
+	hs := make([]kafka.Header, 0, 4+len(ev.Headers))
 	if h := or(m.IDHeader, HeaderOutboxID); h != noHeader {
 		hs = append(hs, kafka.Header{Key: h, Value: ev.AppendID(nil)})
 	}

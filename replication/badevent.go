@@ -25,6 +25,16 @@ type BadEvent struct {
 	Columns []ColumnText
 }
 
+// Size is what a bad event costs the budget, as Event.Size: its bytes plus
+// EventOverhead.
+func (b *BadEvent) Size() int64 {
+	n := len(b.Table) + len(b.ID) + len(b.Reason)
+	for _, c := range b.Columns {
+		n += len(c.Name) + len(c.Value)
+	}
+	return int64(n) + EventOverhead
+}
+
 // ColumnText is one column of a bad row: its text, or NULL.
 type ColumnText struct {
 	Name  string

@@ -81,7 +81,7 @@ func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, erro
 	if err != nil {
 		return nil, fmt.Errorf("replication: connect: %w", err)
 	}
-	s := &Stream{cfg: cfg, log: log, conn: conn, dec: NewDecoder(cfg.Decoder)}
+	s := &Stream{cfg: cfg, log: log, conn: conn} // startReplication makes the decoder
 	sctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
 	if err := s.startReplication(sctx); err != nil {
@@ -508,8 +508,11 @@ var errStopped = errors.New("replication: stopped")
 // deliver hands m to the consumer, sending status updates while it waits:
 // first for room in the consumer's Budget (an event), then for room in out.
 func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, progress Progress, st *streamState) error {
-	if b, ok := progress.(Budget); ok && m.Kind == KindEvent {
+	if b, ok := progress.(Budget); ok && (m.Kind == KindEvent || m.Kind == KindBad) {
 		n := m.Event.Size()
+		if m.Kind == KindBad {
+			n = m.Bad.Size()
+		}
 		if err := s.acquire(ctx, b, n, progress, st); err != nil {
 			return err
 		}
