@@ -176,7 +176,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		// The history first: a rewind is refused even with --accept-gap,
 		// which accepts a gap on the checkpoint's history only.
 		if err == nil && c != nil && s.deps.ReadHistory != nil {
-			err = s.checkHistory(ctx, c, src.StartLSN())
+			err = s.checkHistory(ctx, c, src)
 			var rw *RewindError
 			if errors.As(err, &rw) {
 				if rerr := s.recordRefusal(ctx, prod, id, rw); rerr != nil {
@@ -285,12 +285,19 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 
 // checkHistory reads the server's history and checks the checkpoint is on
 // it. An error reading it is a restart (errSourceOpen), never a skip.
-func (s *Service) checkHistory(ctx context.Context, c *Checkpoint, slotStart pglogrepl.LSN) error {
+func (s *Service) checkHistory(ctx context.Context, c *Checkpoint, src Source) error {
 	h, err := s.deps.ReadHistory(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: read the server's WAL history: %w", errSourceOpen, err)
 	}
-	return checkHistory(c, h, slotStart, s.newSlot, s.cfg.CheckpointTopic)
+	// The history comes over a connection of its own: during a failover a
+	// DNS name, a VIP or a multi-host DSN can take it to another server
+	// than the stream's. Judge only the stream's server's history.
+	if sysID, tli, _, _ := src.System(); h.SystemID != sysID || h.Timeline != tli {
+		return fmt.Errorf("%w: the WAL history was read from another server (system %s timeline %d) than the stream's (system %s timeline %d): a failover under way; trying again",
+			errSourceOpen, h.SystemID, h.Timeline, sysID, tli)
+	}
+	return checkHistory(c, h, src.StartLSN(), s.newSlot, s.cfg.CheckpointTopic)
 }
 
 // recordRefusal writes the refusal into the checkpoint (same position,
