@@ -1,6 +1,7 @@
 package publisher
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -84,5 +85,25 @@ func TestCheckpointRecordsRefusal(t *testing.T) {
 	old, err := ParseCheckpoint([]byte(`{"system_id":"7","database":"d","slot":"s","timeline":1,"end_lsn":"0/1388","written_at":"2026-12-01T00:00:00Z"}`))
 	if err != nil || old.Generation != 0 || old.MaxOutboxID != 0 || old.Refused != "" {
 		t.Fatalf("old checkpoint: %+v %v", old, err)
+	}
+}
+
+// The history is read over a connection of its own, which a failover can
+// take to another server than the stream's: such a history is not judged
+// (it could pass on the old primary while the stream reads a fork); the
+// session restarts and reads both again.
+func TestServiceJudgesOnlyTheStreamsServersHistory(t *testing.T) {
+	src := &fakeSource{start: 1000}
+	sysID, tli, _, _ := src.System()
+	cp := &Checkpoint{SystemID: sysID, Timeline: tli, EndLSN: 5000}
+	for _, h := range []replication.History{
+		{SystemID: "another system", Timeline: tli, Flushed: 9000},                                    // would be "another system: not ours to judge"
+		{SystemID: sysID, Timeline: tli + 1, Flushed: 9000, Ends: map[int32]pglogrepl.LSN{tli: 9000}}, // would pass: the fork is after the checkpoint
+	} {
+		svc := &Service{cfg: DefaultConfig(), deps: Deps{ReadHistory: func(context.Context) (*replication.History, error) { return &h, nil }}}
+		err := svc.checkHistory(context.Background(), cp, src)
+		if !errors.Is(err, errSourceOpen) || errors.Is(err, ErrRewind) {
+			t.Errorf("history of %s timeline %d, stream on %s timeline %d: %v, want a restart", h.SystemID, h.Timeline, sysID, tli, err)
+		}
 	}
 }
