@@ -46,6 +46,14 @@ type table struct {
 	hasCreated bool
 }
 
+// CheckTable reports whether cfg's outbox table can be polled as it is (it
+// exists, with the columns and types a session needs), with the message a
+// session would halt with: outboxd checks it once at start.
+func CheckTable(ctx context.Context, conn *pgx.Conn, cfg Config) error {
+	_, err := inspect(ctx, conn, cfg)
+	return err
+}
+
 // inspect reads the table's columns and builds the statements. Each value is
 // selected in the form the pgoutput decoder sees: text output for every type
 // except a bytea payload, which is raw bytes; a timestamp without time zone

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"os"
 	"strconv"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -36,20 +34,15 @@ func cmdCheckpointReset(ctx context.Context, args []string) error {
 	if !*toCurrent {
 		return errors.New("invalid configuration: checkpoint reset needs --to-current-history (the only reset there is)")
 	}
-	kcfg, kerr := o.kafkaConfig()
-	if err := errors.Join(o.validateCommon(), kerr, o.shape()); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
 	topic := o.pub.CheckpointTopic
 	if topic == "" {
 		return errors.New("invalid configuration: checkpoints are off (--checkpoint-topic is empty): nothing to reset")
 	}
-	logger, err := o.logger(os.Stderr)
+	kcfg, logger, err := o.setup()
 	if err != nil {
 		return err
 	}
 	defer logger.Sync()
-	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
 	if _, err := prepare(ctx, &o, logger); err != nil {
 		return err
 	}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log"
 	"os"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
@@ -45,19 +43,16 @@ func cmdReplay(ctx context.Context, args []string) error {
 		}
 		rng.Since = t
 	}
-	kcfg, kerr := o.kafkaConfig()
-	if err := errors.Join(o.validateCommon(), kerr, o.shape()); err != nil {
-		return fmt.Errorf("invalid configuration: %w", err)
-	}
+	// All of run's settings now, not after the replay: a --resume that the
+	// run would refuse must not publish every row first.
 	if *batch < 1 {
 		return errors.New("invalid configuration: --replay-batch must be ≥ 1")
 	}
-	logger, err := o.logger(os.Stderr)
+	kcfg, logger, err := o.setup()
 	if err != nil {
 		return err
 	}
 	defer logger.Sync()
-	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
 	slotCreated := false
 	if *resume {
 		if slotCreated, err = prepare(ctx, &o, logger); err != nil {
@@ -127,8 +122,8 @@ func cmdReplay(ctx context.Context, args []string) error {
 // under it (docs/postgres.md: replay only what was written after).
 func replayOrigin(ctx context.Context, o *options, kcfg kafka.Config) ([]byte, error) {
 	topic := o.pub.CheckpointTopic
-	if topic == "" || !o.pub.Mapping.SendsOrigin() {
-		return nil, nil
+	if topic == "" || !o.pub.Mapping.SendsOrigin() || o.poll.source == sourcePoll {
+		return nil, nil // rows run publishes carry no origin either
 	}
 	h, err := replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
 	if err != nil {

@@ -35,27 +35,37 @@ func cmdRun(ctx context.Context, args []string) error {
 	return runCDC(ctx, &o, false)
 }
 
+// setup is what every command that publishes does first: validate run's
+// settings (validateRun), build the logger, and point sarama's logger (a
+// package global) at it.
+func (o *options) setup() (kafka.Config, *zap.Logger, error) {
+	kcfg, err := o.validateRun()
+	if err != nil {
+		return kcfg, nil, err
+	}
+	logger, err := o.logger(os.Stderr)
+	if err != nil {
+		return kcfg, nil, err
+	}
+	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
+	return kcfg, logger, nil
+}
+
 // runCDC is `outboxd run` with its options parsed (also after a replay,
 // whose own prepare may have created the slot: createdBefore).
 func runCDC(ctx context.Context, o *options, createdBefore bool) error {
-	kcfg, err := o.validateRun()
-	if err != nil {
-		return err
-	}
-	logger, err := o.logger(os.Stderr)
+	kcfg, logger, err := o.setup()
 	if err != nil {
 		return err
 	}
 	defer logger.Sync()
-	// sarama logs through a package global: set it once, here.
-	sarama.Logger = log.New(&zapWriter{logger.Named("sarama")}, "", 0)
 	if o.poll.source == sourcePoll { // the polling publisher: poll.go
 		return runPoll(ctx, o, kcfg, logger)
 	}
 
 	// Kafka first: an unreachable broker must not leave a new slot behind
 	// (start.go says what fails fast).
-	if err := checkKafkaAtStart(ctx, kcfg, logger); err != nil {
+	if err := kafka.Check(ctx, kcfg, logger); err != nil {
 		return err
 	}
 	slotCreated, err := prepare(ctx, o, logger)
@@ -164,30 +174,26 @@ func readCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id pub
 // prepare checks the database and ensures the publication and the slot. It
 // reports whether it created the slot.
 func prepare(ctx context.Context, o *options, logger *zap.Logger) (slotCreated bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, o.pgDSN)
-	if err != nil {
-		return false, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	defer conn.Close(context.Background())
-	if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
-		return false, err
-	}
-	if sigs, err := slot.PublicEmitters(ctx, conn); err != nil {
-		logger.Warn("could not check who may execute pg_logical_emit_message", zap.Error(err))
-	} else if w := slot.EmitWarning(sigs); w != "" {
-		logger.Warn(w)
-	}
-	created, err := slot.Ensure(ctx, conn, o.slot, !o.noCreate)
-	if err != nil {
-		return false, err
-	}
-	for _, c := range created {
-		logger.Info("created", zap.String("object", c))
-		slotCreated = slotCreated || strings.HasPrefix(c, "replication slot ")
-	}
-	return slotCreated, nil
+	err = withStartConn(ctx, o, func(ctx context.Context, conn *pgx.Conn) error {
+		if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
+			return err
+		}
+		if sigs, err := slot.PublicEmitters(ctx, conn); err != nil {
+			logger.Warn("could not check who may execute pg_logical_emit_message", zap.Error(err))
+		} else if w := slot.EmitWarning(sigs); w != "" {
+			logger.Warn(w)
+		}
+		created, err := slot.Ensure(ctx, conn, o.slot, !o.noCreate)
+		if err != nil {
+			return err
+		}
+		for _, c := range created {
+			logger.Info("created", zap.String("object", c))
+			slotCreated = slotCreated || strings.HasPrefix(c, "replication slot ")
+		}
+		return nil
+	})
+	return slotCreated, err
 }
 
 // healthMux serves /metrics, /healthz (the process answers) and /readyz:

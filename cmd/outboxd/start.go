@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -33,14 +34,9 @@ import (
 // startTimeout bounds each start check.
 const startTimeout = 30 * time.Second
 
-// checkKafkaAtStart connects to the brokers once (and authenticates).
-func checkKafkaAtStart(ctx context.Context, kcfg kafka.Config, logger *zap.Logger) error {
-	return kafka.Check(ctx, kcfg, logger)
-}
-
-// checkPollTableAtStart connects to PostgreSQL once and checks that the
-// polling source's table is there with its published_at column.
-func checkPollTableAtStart(ctx context.Context, o *options) error {
+// withStartConn runs fn on one PostgreSQL connection, opened and used
+// within startTimeout: the start checks of run and config check --connect.
+func withStartConn(ctx context.Context, o *options, fn func(context.Context, *pgx.Conn) error) error {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, o.pgDSN)
@@ -48,23 +44,19 @@ func checkPollTableAtStart(ctx context.Context, o *options) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	table := pgx.Identifier{o.slot.Schema, o.slot.Table}.Sanitize()
-	plain := o.slot.Schema + "." + o.slot.Table
-	var exists, hasColumn bool
-	err = conn.QueryRow(ctx, `
-		SELECT to_regclass($1) IS NOT NULL,
-		       EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1)
-		                 AND attname = 'published_at' AND NOT attisdropped)`, table).Scan(&exists, &hasColumn)
+	return fn(ctx, conn)
+}
+
+// checkPollTableAtStart checks once that the polling source's table can be
+// polled (poll.CheckTable: the message a session would halt with).
+func checkPollTableAtStart(ctx context.Context, o *options) error {
+	cfg, err := o.pollConfig()
 	if err != nil {
-		return fmt.Errorf("check the outbox table %s: %w", plain, err)
+		return fmt.Errorf("invalid configuration: %w", err)
 	}
-	switch {
-	case !exists:
-		return fmt.Errorf("outbox table %s does not exist: run \"outboxd migrate --source=poll\" or create it (or set --schema/--table)", plain)
-	case !hasColumn:
-		return fmt.Errorf("outbox table %s has no column \"published_at\": run \"outboxd migrate --source=poll\" (poll.Migrate adds it)", plain)
-	}
-	return nil
+	return withStartConn(ctx, o, func(ctx context.Context, conn *pgx.Conn) error {
+		return poll.CheckTable(ctx, conn, cfg)
+	})
 }
 
 // connectFlag is config check's --connect.
@@ -99,12 +91,7 @@ func connectCheck(ctx context.Context, w io.Writer, o *options, kcfg kafka.Confi
 // preflightOnly connects and runs the preflight checks of run, creating
 // nothing.
 func preflightOnly(ctx context.Context, o *options) error {
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, o.pgDSN)
-	if err != nil {
-		return fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	return slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == "")
+	return withStartConn(ctx, o, func(ctx context.Context, conn *pgx.Conn) error {
+		return slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == "")
+	})
 }

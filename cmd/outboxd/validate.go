@@ -29,11 +29,44 @@ func (o *options) validateRun() (kafka.Config, error) {
 		_, perr := o.pollConfig()
 		errs = append(errs, perr)
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := joinDistinct(errs...); err != nil {
 		return kcfg, fmt.Errorf("invalid configuration: %w", err)
 	}
 	return kcfg, nil
 }
+
+// joinDistinct is errors.Join without repeating a line: the publisher's and
+// the poller's Validate share some rules (shutdown timeout, backoff, the
+// dead-letter topic), and --source=poll checks both.
+func joinDistinct(errs ...error) error {
+	seen := map[string]bool{}
+	var out []error
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(err.Error(), "\n") {
+			if !seen[l] {
+				seen[l] = true
+				lines = append(lines, l)
+			}
+		}
+		if len(lines) > 0 {
+			out = append(out, &joinedLines{err: err, text: strings.Join(lines, "\n")})
+		}
+	}
+	return errors.Join(out...)
+}
+
+// joinedLines is an error shown as text (its new lines only), matching err.
+type joinedLines struct {
+	err  error
+	text string
+}
+
+func (e *joinedLines) Error() string { return e.text }
+func (e *joinedLines) Unwrap() error { return e.err }
 
 // validateDSN parses --pg-dsn as run would, with a message that names the
 // problem without quoting a password.
@@ -101,13 +134,15 @@ func (o *options) validateCombinations() error {
 	if o.retention.OlderThan > 0 && o.retention.Interval <= 0 {
 		errs = append(errs, fmt.Errorf("--retention-interval %s: must be > 0", o.retention.Interval))
 	}
-	if o.poll.workers < 1 {
+	// --source=poll checks these in poll.Config.Validate; otherwise they
+	// are refused all the same, so that a file is valid for either source.
+	if o.poll.source != sourcePoll && o.poll.workers < 1 {
 		errs = append(errs, fmt.Errorf("--poll-workers %d: must be ≥ 1", o.poll.workers))
 	}
-	if o.poll.batchSize < 1 {
+	if o.poll.source != sourcePoll && o.poll.batchSize < 1 {
 		errs = append(errs, fmt.Errorf("--poll-batch-size %d: must be ≥ 1", o.poll.batchSize))
 	}
-	if o.poll.interval <= 0 {
+	if o.poll.source != sourcePoll && o.poll.interval <= 0 {
 		errs = append(errs, fmt.Errorf("--poll-interval %s: must be > 0", o.poll.interval))
 	}
 	return errors.Join(errs...)
