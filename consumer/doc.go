@@ -32,7 +32,11 @@
 //	);
 //
 // One table serves the events of several outboxes, and ids an outbox hands
-// out again after a restore are new events under the new origin. A table of
+// out again after a restore are new events under the new origin — where
+// outboxd sends the outbox-origin header (CDC with checkpoints on, in its own
+// record shape). Events without it (--source=poll, --checkpoint-topic "",
+// another --id-header) are deduplicated on the id alone: give each such
+// outbox a table (and consumer) of its own. A table of
 // the first shape (outbox_id bigint PRIMARY KEY) is upgraded by [Migrate]
 // ([UpgradeSQL]).
 //
