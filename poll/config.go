@@ -40,6 +40,10 @@ type Config struct {
 	// backoff between sessions after an error.
 	RestartBackoffMin time.Duration
 	RestartBackoffMax time.Duration
+	// DeletedUnpublishedCheck is how often the poller compares the table's
+	// statistics to notice rows deleted before it published them (see
+	// unseenDeletes); 0 turns the check off.
+	DeletedUnpublishedCheck time.Duration
 }
 
 // DefaultConfig returns the defaults of outboxd run --source=poll.
@@ -53,6 +57,8 @@ func DefaultConfig() Config {
 		ShutdownTimeout:   30 * time.Second,
 		RestartBackoffMin: 500 * time.Millisecond,
 		RestartBackoffMax: 30 * time.Second,
+
+		DeletedUnpublishedCheck: 30 * time.Second,
 	}
 }
 

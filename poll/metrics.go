@@ -17,6 +17,10 @@ type Metrics struct {
 	// BatchSeconds is the duration of a non-empty polling transaction, from
 	// its SELECT to its COMMIT.
 	BatchSeconds prometheus.Histogram
+	// DeletedUnpublished counts rows deleted from the outbox before the
+	// poller published them (a lower bound from the table's statistics):
+	// rows --source=poll never publishes.
+	DeletedUnpublished prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg (nil: not
@@ -33,9 +37,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Duration of a non-empty polling transaction, from SELECT to COMMIT.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
+		DeletedUnpublished: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_poll_deleted_unpublished_rows_total",
+			Help: "Rows deleted from the outbox before the poller published them (at least; from pg_stat_user_tables): never published, use --source=cdc.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Polls, m.BatchSeconds)
+		reg.MustRegister(m.Polls, m.BatchSeconds, m.DeletedUnpublished)
 	}
 	return m
 }

@@ -43,6 +43,8 @@ type Poller struct {
 	m     *Metrics
 	deps  Deps
 	sup   *publisher.Supervisor
+	// unseen is used by the first worker of each session only.
+	unseen *unseenDeletes
 }
 
 // New builds a poller. m may be nil.
@@ -66,7 +68,8 @@ func New(cfg Config, log *zap.Logger, m *Metrics, deps Deps) (*Poller, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	p := &Poller{cfg: cfg, pgcfg: pgcfg, log: log, m: m, deps: deps}
+	p := &Poller{cfg: cfg, pgcfg: pgcfg, log: log, m: m, deps: deps,
+		unseen: &unseenDeletes{interval: cfg.DeletedUnpublishedCheck, log: log, metric: m.DeletedUnpublished.Add}}
 	p.sup = publisher.NewSupervisor(publisher.SupervisorConfig{
 		RestartBackoffMin:   cfg.RestartBackoffMin,
 		RestartBackoffMax:   cfg.RestartBackoffMax,
@@ -192,6 +195,9 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 	for i, c := range conns {
 		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, hook: hooks[i],
 			acks: make(chan *kafka.Record, p.cfg.BatchSize), published: &published}
+		if i == 0 {
+			w.unseen = p.unseen
+		}
 		// Stagger the workers across the interval.
 		first := time.Duration(i) * p.cfg.Interval / time.Duration(len(conns))
 		wg.Add(1)
@@ -228,6 +234,8 @@ type worker struct {
 	acks chan *kafka.Record
 	// published is set once a batch of the session was published.
 	published *atomic.Bool
+	// unseen, on one worker of a session, notices rows deleted unpublished.
+	unseen *unseenDeletes
 
 	events []replication.Event
 	ids    []int64
@@ -249,6 +257,7 @@ func (w *worker) run(readCtx, hardCtx context.Context, first time.Duration) erro
 		if n > 0 {
 			w.published.Store(true)
 		}
+		w.unseen.check(readCtx, w.conn, w.tbl)
 		if n == w.p.cfg.BatchSize {
 			continue // a backlog: poll again at once
 		}
