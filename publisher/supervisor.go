@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"github.com/outboxd/outboxd/backoff"
-	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/replication"
 	"go.uber.org/zap"
 	"sync/atomic"
 	"time"
@@ -39,7 +37,6 @@ type SupervisorConfig struct {
 	// ShutdownTimeout bounds a session's drain after a graceful stop.
 	ShutdownTimeout time.Duration
 	// Fatal reports the errors a restart cannot fix; Run returns them.
-	// Errors wrapping kafka.ErrPoison are always fatal.
 	Fatal func(error) bool
 	// Cause names an error's restart cause for the log and for the
 	// outboxd_pipeline_restarts_total{cause} metric.
@@ -67,6 +64,15 @@ type Supervisor struct {
 	// standbyPID is the process holding the slot while we wait as a
 	// standby, -1 when not waiting (Run's goroutine only).
 	standbyPID int
+}
+
+// Held is implemented by an error saying that another process holds what a
+// session needs (for the CDC source, the replication slot): the supervisor
+// waits as a standby, polling every StandbyPollInterval, instead of
+// restarting. HeldBy names the thing held and the holder's process id.
+type Held interface {
+	error
+	HeldBy() (name string, pid int)
 }
 
 // errRetrySoon asks for a new session after RestartBackoffMin, without
@@ -125,7 +131,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				// A failure while finishing: never dropped silently.
-				if errors.Is(err, kafka.ErrPoison) || s.cfg.Fatal(err) {
+				if s.cfg.Fatal(err) {
 					s.log.Error("halting", zap.Error(err))
 					return err
 				}
@@ -134,25 +140,25 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 			s.log.Info("stopped")
 			return nil
 		}
-		var inUse *replication.SlotInUseError
+		var held Held
 		switch {
 		case errors.Is(err, errRetrySoon):
 			if !backoff.Sleep(ctx, s.cfg.RestartBackoffMin) {
 				return nil
 			}
 			continue
-		case errors.As(err, &inUse):
-			if inUse.PID != s.standbyPID {
+		case errors.As(err, &held):
+			if slot, pid := held.HeldBy(); pid != s.standbyPID {
 				s.log.Info("standby: another process holds the slot; waiting to take over",
-					zap.String("slot", inUse.Slot), zap.Int("active_pid", inUse.PID))
-				s.standbyPID = inUse.PID
+					zap.String("slot", slot), zap.Int("active_pid", pid))
+				s.standbyPID = pid
 			}
 			s.setState(StateStandby)
 			if !backoff.Sleep(ctx, backoff.Jitter(s.cfg.StandbyPollInterval)) {
 				return nil
 			}
 			continue
-		case errors.Is(err, kafka.ErrPoison) || s.cfg.Fatal(err):
+		case s.cfg.Fatal(err):
 			s.log.Error("halting", zap.Error(err))
 			return err
 		}

@@ -33,3 +33,7 @@ func (e *SlotInUseError) Error() string {
 
 // Unwrap lets errors.Is(err, ErrSlotInUse) match.
 func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
+
+// HeldBy names the slot and the process holding it: the supervisor waits
+// as a standby (publisher.Held).
+func (e *SlotInUseError) HeldBy() (string, int) { return e.Slot, e.PID }
