@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Config configures a Poller. Start from DefaultConfig.
@@ -28,7 +28,7 @@ type Config struct {
 	Workers int
 	// Mapping shapes the records as under CDC: the default topic (for rows
 	// whose topic column is absent or NULL), headers, encodings.
-	publisher.Mapping
+	outbox.Mapping
 	// DeadLetterTopic names the dead-letter topic in logs; set it together
 	// with Deps.NewDeadLetterer.
 	DeadLetterTopic string

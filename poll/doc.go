@@ -5,7 +5,7 @@
 //
 //	SELECT id, aggregate_id, topic, payload, created_at FROM outbox
 //	 WHERE published_at IS NULL ORDER BY id LIMIT $batch FOR UPDATE SKIP LOCKED;
-//	-- produce every row (publisher.NewRecord: the key, headers, value and
+//	-- produce every row (outbox.NewRecord: the key, headers, value and
 //	-- timestamp CDC would give it) and wait until Kafka acknowledged all
 //	UPDATE outbox SET published_at = now() WHERE id = ANY($ids);
 //	COMMIT;

@@ -3,14 +3,14 @@ package poll
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Metrics are the shared publisher metrics (published, bytes, errors,
 // dead-lettered, in flight, restarts, commit-to-ack) plus the poll's own.
 // Build them once per process.
 type Metrics struct {
-	*publisher.Metrics
+	*outbox.Metrics
 	// Polls counts polling transactions by outcome: empty, partial (fewer
 	// rows than the batch size) or full.
 	Polls *prometheus.CounterVec
@@ -28,7 +28,7 @@ type Metrics struct {
 // row's created_at: the poller cannot see commit times.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		Metrics: publisher.NewMetrics(reg),
+		Metrics: outbox.NewMetrics(reg),
 		Polls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_poll_transactions_total", Help: "Polling transactions, by outcome: empty, partial or full batch.",
 		}, []string{"outcome"}),

@@ -8,8 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/publisher"
-	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/outbox"
 	"go.uber.org/zap"
 	"io"
 	"sync"
@@ -21,28 +20,28 @@ import (
 type Deps struct {
 	// NewProducer connects a producer; one per session, shared by the
 	// workers. Required.
-	NewProducer func() (publisher.Producer, error)
+	NewProducer func() (outbox.Producer, error)
 	// NewDeadLetterer, when set, connects the dead-letter producer: poison
 	// rows go there and are marked published. Without it a poison row halts
 	// the poller. If the value is an io.Closer it is closed with the session.
-	NewDeadLetterer func() (publisher.DeadLetterer, error)
+	NewDeadLetterer func() (outbox.DeadLetterer, error)
 	// NewHook, when set, connects a post-publish hook, one per worker: it
 	// runs for every row Kafka acknowledged, before the batch is marked
 	// published; a failure rolls the batch back, so the rows are sent
 	// again and the hook runs again (it must be idempotent). If the value
 	// is an io.Closer it is closed with the session.
-	NewHook func(ctx context.Context) (publisher.Hook, error)
+	NewHook func(ctx context.Context) (outbox.Hook, error)
 }
 
 // Poller publishes outbox rows by polling, as a source under a
-// publisher.Supervisor. A Poller runs once.
+// outbox.Supervisor. A Poller runs once.
 type Poller struct {
 	cfg   Config
 	pgcfg *pgx.ConnConfig
 	log   *zap.Logger
 	m     *Metrics
 	deps  Deps
-	sup   *publisher.Supervisor
+	sup   *outbox.Supervisor
 	// unseen is used by the first worker of each session only.
 	unseen *unseenDeletes
 }
@@ -70,7 +69,7 @@ func New(cfg Config, log *zap.Logger, m *Metrics, deps Deps) (*Poller, error) {
 	}
 	p := &Poller{cfg: cfg, pgcfg: pgcfg, log: log, m: m, deps: deps,
 		unseen: &unseenDeletes{interval: cfg.DeletedUnpublishedCheck, log: log, metric: m.DeletedUnpublished.Add}}
-	p.sup = publisher.NewSupervisor(publisher.SupervisorConfig{
+	p.sup = outbox.NewSupervisor(outbox.SupervisorConfig{
 		RestartBackoffMin:   cfg.RestartBackoffMin,
 		RestartBackoffMax:   cfg.RestartBackoffMax,
 		StandbyPollInterval: time.Second, // a poller is never a standby
@@ -82,7 +81,7 @@ func New(cfg Config, log *zap.Logger, m *Metrics, deps Deps) (*Poller, error) {
 }
 
 // State reports what the poller is doing (streaming: polling).
-func (p *Poller) State() publisher.State { return p.sup.State() }
+func (p *Poller) State() outbox.State { return p.sup.State() }
 
 // Run polls until ctx is cancelled, then lets the batches in flight finish
 // (at most Config.ShutdownTimeout) and returns nil. After a Kafka or
@@ -97,7 +96,7 @@ func restartCause(err error) string {
 	switch {
 	case errors.Is(err, kafka.ErrProduce), errors.Is(err, errProducerOpen):
 		return "kafka"
-	case errors.Is(err, publisher.ErrHook), errors.Is(err, errHookOpen):
+	case errors.Is(err, outbox.ErrHook), errors.Is(err, errHookOpen):
 		return "hook"
 	default:
 		return "postgres"
@@ -147,7 +146,7 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
-	var dlq publisher.DeadLetterer
+	var dlq outbox.DeadLetterer
 	if p.deps.NewDeadLetterer != nil {
 		if dlq, err = p.deps.NewDeadLetterer(); err != nil {
 			prod.Close()
@@ -160,7 +159,7 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 		}
 	}
 
-	hooks := make([]publisher.Hook, len(conns))
+	hooks := make([]outbox.Hook, len(conns))
 	if p.deps.NewHook != nil {
 		for i := range hooks {
 			h, err := p.deps.NewHook(ctx)
@@ -226,9 +225,9 @@ type worker struct {
 	p    *Poller
 	conn *pgx.Conn
 	tbl  *table
-	prod publisher.Producer
-	dlq  publisher.DeadLetterer
-	hook publisher.Hook // nil: none
+	prod outbox.Producer
+	dlq  outbox.DeadLetterer
+	hook outbox.Hook // nil: none
 	// acks receives the worker's records back from the producer
 	// (kafka.Record.Done): it holds BatchSize, so the producer never blocks.
 	acks chan *kafka.Record
@@ -237,7 +236,7 @@ type worker struct {
 	// unseen, on one worker of a session, notices rows deleted unpublished.
 	unseen *unseenDeletes
 
-	events []replication.Event
+	events []outbox.Event
 	ids    []int64
 }
 
@@ -307,7 +306,7 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		p.m.InFlightBytes.Sub(float64(outBytes))
 	}()
 	for i := range w.events {
-		r := publisher.NewRecord(&w.events[i], &p.cfg.Mapping, now)
+		r := outbox.NewRecord(&w.events[i], &p.cfg.Mapping, now)
 		size := int64(r.Size())
 		if r.Topic == "" {
 			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: errNoTopic}
@@ -415,7 +414,7 @@ func (w *worker) read(ctx context.Context, tx pgx.Tx) error {
 
 // scanEvents reads the rows of a query of table.columnsSQL as events, as
 // the pgoutput decoder would see them, and closes rows.
-func scanEvents(rows pgx.Rows, tbl *table, events []replication.Event) ([]replication.Event, error) {
+func scanEvents(rows pgx.Rows, tbl *table, events []outbox.Event) ([]outbox.Event, error) {
 	defer rows.Close()
 	var (
 		id                    int64
@@ -435,7 +434,7 @@ func scanEvents(rows pgx.Rows, tbl *table, events []replication.Event) ([]replic
 			}
 			return events, halt(ErrBadRow, "outbox row id=%d: column %q is NULL", id, col)
 		}
-		ev := replication.Event{ID: id, AggregateID: agg.String, Payload: payload,
+		ev := outbox.Event{ID: id, AggregateID: agg.String, Payload: payload,
 			Topic: topic.String, EventType: eventType.String}
 		if created.Valid {
 			if created.InfinityModifier != pgtype.Finite {

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/migrations"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
@@ -148,7 +149,7 @@ func header(m *sarama.ConsumerMessage, key string) string {
 
 func outboxID(t *testing.T, m *sarama.ConsumerMessage) int64 {
 	t.Helper()
-	id, err := strconv.ParseInt(header(m, publisher.HeaderOutboxID), 10, 64)
+	id, err := strconv.ParseInt(header(m, outbox.HeaderOutboxID), 10, 64)
 	if err != nil {
 		t.Fatalf("record without an outbox-id header: %v", m.Headers)
 	}
@@ -449,7 +450,7 @@ func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
 	cfg := testConfig(pg)
 	cfg.DeadLetterTopic = "dlq"
 	r := start(t, cfg, Deps{NewProducer: fakeFactory(fp),
-		NewDeadLetterer: func() (publisher.DeadLetterer, error) { return dlq, nil }})
+		NewDeadLetterer: func() (outbox.DeadLetterer, error) { return dlq, nil }})
 	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)
@@ -557,7 +558,7 @@ func TestConfigValidate(t *testing.T) {
 	if err := c.Validate(); err != nil {
 		t.Fatalf("defaults with a DSN: %v", err)
 	}
-	bad := Config{Interval: -1, BatchSize: 0, Workers: 100, RestartBackoffMin: 2, RestartBackoffMax: 1, Mapping: publisher.Mapping{DefaultTopic: "x"}, DeadLetterTopic: "x"}
+	bad := Config{Interval: -1, BatchSize: 0, Workers: 100, RestartBackoffMin: 2, RestartBackoffMax: 1, Mapping: outbox.Mapping{DefaultTopic: "x"}, DeadLetterTopic: "x"}
 	err := bad.Validate()
 	for _, want := range []string{"no PostgreSQL connection string", "outbox table must be named", "poll interval must be > 0",
 		"poll batch size must be in 1..100000", "poll workers must be in 1..64", "shutdown timeout must be > 0",
@@ -580,7 +581,7 @@ func (h *failingHook) AfterPublish(_ context.Context, r *kafka.Record) error {
 	defer h.mu.Unlock()
 	if h.fails > 0 {
 		h.fails--
-		return fmt.Errorf("%w: test", publisher.ErrHook)
+		return fmt.Errorf("%w: test", outbox.ErrHook)
 	}
 	h.seen[r.OutboxID]++
 	return nil
@@ -597,7 +598,7 @@ func TestHookRunsBeforeRowsAreMarked(t *testing.T) {
 	cfg := testConfig(pg)
 	cfg.BatchSize = 10
 	r := start(t, cfg, Deps{NewProducer: func() (publisher.Producer, error) { return newFakeProducer(0, nil), nil },
-		NewHook: func(context.Context) (publisher.Hook, error) { return h, nil }})
+		NewHook: func(context.Context) (outbox.Hook, error) { return h, nil }})
 	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
 	if err := r.stop(t); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Range selects the outbox rows to publish again: those created at or after
@@ -36,7 +36,7 @@ func (r Range) validate() error {
 // batch is in Kafka: for `outboxd replay`, after a lost slot. Rows are read
 // as the pgoutput decoder sees them, so they map to the same records. It
 // returns how many rows it handed over. The table needs no published_at.
-func Replay(ctx context.Context, conn *pgx.Conn, cfg Config, rng Range, batch int, publish func([]replication.Event) error) (int, error) {
+func Replay(ctx context.Context, conn *pgx.Conn, cfg Config, rng Range, batch int, publish func([]outbox.Event) error) (int, error) {
 	if err := rng.validate(); err != nil {
 		return 0, err
 	}
@@ -54,7 +54,7 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg Config, rng Range, batch in
 		args = append(args, rng.Since)
 	}
 	q := tbl.columnsSQL + where + fmt.Sprintf(" ORDER BY id LIMIT %d", batch)
-	var events []replication.Event
+	var events []outbox.Event
 	total := 0
 	for {
 		rows, err := conn.Query(ctx, q, args...)

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -142,7 +143,7 @@ func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.Ba
 	case ev.Topic == "" && p.cfg.DefaultTopic == "":
 		reason = errNoTopic.Error()
 	case p.dlq == nil && p.cfg.MaxRecordBytes > 0 && p.mayBeOversized(ev):
-		r := NewRecord(ev, &p.cfg.Mapping, t.commitTime)
+		r := outbox.NewRecord(ev, &p.cfg.Mapping, t.commitTime)
 		if p.cp != nil {
 			p.cp.addOrigin(r) // produce adds it too: measure the record Kafka gets
 		}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -103,19 +104,9 @@ func (c *checkpointing) noteRecord(r *kafka.Record) {
 // addOrigin adds the origin header, when this shape sends it.
 func (c *checkpointing) addOrigin(r *kafka.Record) {
 	if c.origin != nil {
-		r.Headers = append(r.Headers, kafka.Header{Key: HeaderOrigin, Value: c.origin})
+		r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: c.origin})
 	}
 }
-
-// SendsOrigin reports whether records of mapping m carry the origin header:
-// only in outboxd's own shape (id in outbox-id, which package consumer
-// reads), not in another tool's (Debezium's headers are exactly its own).
-func (m *Mapping) SendsOrigin() bool { return m.IDHeader == "" || m.IDHeader == HeaderOutboxID }
-
-// HeaderOrigin names the header that says which history of which database
-// an event comes from (Identity.Origin): consumers deduplicate on origin
-// and id.
-const HeaderOrigin = "outbox-origin"
 
 // Checkpointed implements replication.Checkpointer: the stream may confirm
 // want only as far as the checkpoint topic holds it.

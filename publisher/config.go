@@ -6,13 +6,14 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Config tunes the pipeline and its supervisor. Start from DefaultConfig.
 type Config struct {
 	// Mapping shapes the records: the default topic, the id and key
 	// headers, the key and value encodings.
-	Mapping
+	outbox.Mapping
 	// DeadLetterTopic, when set, receives poison events (those Kafka refuses
 	// for good) and bad events (rows that cannot become a record) instead
 	// of halting the service.
@@ -73,7 +74,7 @@ type Config struct {
 // DefaultConfig returns a configuration tuned for latency on a single broker.
 func DefaultConfig() Config {
 	return Config{
-		Mapping:             DefaultMapping(),
+		Mapping:             outbox.DefaultMapping(),
 		MaxInFlightEvents:   20000,
 		MaxInFlightBytes:    64 << 20,
 		ShutdownTimeout:     30 * time.Second,
@@ -132,3 +133,7 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// HeaderOutboxID is outbox.HeaderOutboxID. bench/ still names it here;
+// new code uses package outbox.
+const HeaderOutboxID = outbox.HeaderOutboxID

@@ -143,9 +143,9 @@ func (l *limiter) release(n int64) {
 	signal(l.freed)
 }
 
-// stalled is how long events have been in flight with none released; zero
+// Stalled is how long events have been in flight with none released; zero
 // when none is in flight.
-func (l *limiter) stalled(now time.Time) time.Duration {
+func (l *limiter) Stalled(now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.events == 0 || now.Before(l.progress) {

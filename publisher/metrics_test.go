@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -26,7 +27,7 @@ func value(t *testing.T, g prometheus.Metric) float64 {
 func TestMetricsLagFollowsTheOldestUnconfirmedTransaction(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
+	m := outbox.NewMetrics(reg)
 	now := time.Now()
 	if got := m.Lag(now); got != 0 {
 		t.Fatalf("lag before any pipeline %s, want 0", got)
@@ -58,14 +59,14 @@ func TestMetricsLagFollowsTheOldestUnconfirmedTransaction(t *testing.T) {
 	}
 
 	// Lag bytes: from whichever confirmed position is ahead.
-	m.ObserveSlot(SlotPoll{ServerWAL: 1000, SlotConfirmed: 250, RestartLSN: 100})
+	m.ObserveSlot(outbox.SlotPoll{ServerWAL: 1000, SlotConfirmed: 250, RestartLSN: 100})
 	if got := value(t, m.LagBytes); got != 700 {
 		t.Fatalf("lag bytes %v, want 700 (own watermark 300 is ahead of the slot's 250)", got)
 	}
 	if got := value(t, m.SlotRetainedWALBytes); got != 900 {
 		t.Fatalf("retained %v, want 900", got)
 	}
-	m.ObserveSlot(SlotPoll{ServerWAL: 1000, SlotConfirmed: 1000, RestartLSN: 0})
+	m.ObserveSlot(outbox.SlotPoll{ServerWAL: 1000, SlotConfirmed: 1000, RestartLSN: 0})
 	if got := value(t, m.LagBytes); got != 0 {
 		t.Fatalf("lag bytes %v, want 0", got)
 	}
@@ -92,7 +93,7 @@ func histogram(t *testing.T, h prometheus.Metric) (uint64, float64) {
 // event counts in commit → receive when the pipeline takes it, and in
 // commit → ack only when Kafka acknowledged it.
 func TestMetricsSplitCommitToAckAtTheReader(t *testing.T) {
-	m := NewMetrics(prometheus.NewRegistry())
+	m := outbox.NewMetrics(prometheus.NewRegistry())
 	prod := newFakeProducer()
 	p := NewPipeline(DefaultConfig(), zap.NewNop(), prod, nil, nil, 100, m)
 	in := make(chan replication.Message, 3)

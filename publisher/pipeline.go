@@ -13,30 +13,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
-// Producer sends records to Kafka asynchronously. It is the Kafka side of
-// the pipeline, kept small so another implementation (a transactional
-// producer, a test fake) can stand in.
-type Producer interface {
-	// Send enqueues r. It blocks while the producer's input is full.
-	Send(ctx context.Context, r *kafka.Record) error
-	// Results returns every record given to Send exactly once, acknowledged
-	// (Err nil) or failed after the producer's own retries. A failed
-	// record's Err wraps kafka.ErrPoison when Kafka refused it for good. The
-	// channel is closed after Close.
-	Results() <-chan *kafka.Record
-	// Close stops the producer. Records still in flight come back on
-	// Results, acknowledged or failed, before it is closed.
-	Close() error
-}
-
-// DeadLetterer diverts a poison record to the dead-letter topic and returns
-// once Kafka acknowledged it.
-type DeadLetterer interface {
-	DeadLetter(ctx context.Context, r *kafka.Record, cause error) error
-}
+// Producer is outbox.Producer; bench/ still names it here.
+type Producer = outbox.Producer
 
 // Pipeline produces the events of one replication session and tracks what is
 // safe to confirm. It implements replication.Progress. A Pipeline runs once.
@@ -44,11 +26,11 @@ type Pipeline struct {
 	cfg  Config
 	log  *zap.Logger
 	prod Producer
-	dlq  DeadLetterer // nil: poison halts
-	hook Hook         // nil: none
+	dlq  outbox.DeadLetterer // nil: poison halts
+	hook outbox.Hook         // nil: none
 	wm   *Watermark
 	lim  *limiter
-	m    *Metrics
+	m    *outbox.Metrics
 	cp   *checkpointing // nil: no checkpoints
 	// pending are records acquired and not yet handed to the producer
 	// (flush); owned by Run's goroutine.
@@ -69,12 +51,12 @@ type Pipeline struct {
 
 // NewPipeline builds a pipeline that starts at the slot's confirmed position.
 // dlq and hook may be nil.
-func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, hook Hook, start pglogrepl.LSN, m *Metrics) *Pipeline {
+func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq outbox.DeadLetterer, hook outbox.Hook, start pglogrepl.LSN, m *outbox.Metrics) *Pipeline {
 	if m == nil {
-		m = NewMetrics(nil)
+		m = outbox.NewMetrics(nil)
 	}
 	wm := NewWatermark(start)
-	m.track(wm) // for the lag-seconds metric
+	m.Track(wm) // for the lag-seconds metric
 	p := &Pipeline{
 		cfg:    cfg,
 		log:    log,
@@ -88,7 +70,7 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq DeadLetterer, h
 		failed: make(chan struct{}),
 		crash:  func() { os.Exit(3) },
 	}
-	m.trackStall(p.lim) // for the stalled-seconds metric and readiness
+	m.TrackStall(p.lim) // for the stalled-seconds metric and readiness
 	return p
 }
 
@@ -218,7 +200,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 				}
 				continue
 			}
-			p.m.observeReceived(begin)
+			observeReceived(p.m, begin)
 			if bad, ok := p.unpublishable(cur, &m); ok {
 				if err := p.badEvent(ctx, cur, begin, &bad, m.Budgeted); err != nil {
 					return err
@@ -276,7 +258,7 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 const maxPending = 512
 
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
-	r := NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
+	r := outbox.NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
 	r.Meta = t
 	if p.cp != nil {
 		p.cp.noteRecord(r)
@@ -418,7 +400,7 @@ func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 		p.m.Published.WithLabelValues(r.Topic).Inc()
 		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size - replication.EventOverhead))
 		if !t.commitTime.IsZero() {
-			p.m.observeLatency(t.commitTime)
+			p.m.ObserveLatency(t.commitTime)
 		}
 	}
 	p.acked(t)

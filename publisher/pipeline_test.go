@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -33,21 +34,21 @@ func commit(end pglogrepl.LSN) replication.Message {
 
 type harness struct {
 	t    *testing.T
-	hook Hook
+	hook outbox.Hook
 	prod *fakeProducer
 	p    *Pipeline
 	in   chan replication.Message
 	err  chan error
 }
 
-func startPipeline(t *testing.T, cfg Config, dlq DeadLetterer) *harness {
+func startPipeline(t *testing.T, cfg Config, dlq outbox.DeadLetterer) *harness {
 	return startPipelineWithHook(t, cfg, dlq, nil)
 }
 
-func startPipelineWithHook(t *testing.T, cfg Config, dlq DeadLetterer, hook Hook) *harness {
+func startPipelineWithHook(t *testing.T, cfg Config, dlq outbox.DeadLetterer, hook outbox.Hook) *harness {
 	t.Helper()
 	h := &harness{t: t, hook: hook, prod: newFakeProducer(), in: make(chan replication.Message, 100), err: make(chan error, 1)}
-	var d DeadLetterer
+	var d outbox.DeadLetterer
 	if dlq != nil {
 		d = dlq
 	}
@@ -122,7 +123,7 @@ func TestPipelineMapsEventToRecord(t *testing.T) {
 	if r.Topic != "orders" || string(r.Key) != "order-7" || string(r.Value) != `{"n":1}` {
 		t.Fatalf("record %q %q %q", r.Topic, r.Key, r.Value)
 	}
-	want := map[string]string{HeaderOutboxID: "42", HeaderAggregateID: "order-7", HeaderEventType: "order.created"}
+	want := map[string]string{outbox.HeaderOutboxID: "42", outbox.HeaderAggregateID: "order-7", outbox.HeaderEventType: "order.created"}
 	if len(r.Headers) != len(want) {
 		t.Fatalf("headers %v", r.Headers)
 	}
@@ -308,13 +309,13 @@ func TestPipelineHookRunsAfterAckBeforeConfirm(t *testing.T) {
 }
 
 func TestPipelineHookFailureStopsWithoutConfirming(t *testing.T) {
-	h := startPipelineWithHook(t, DefaultConfig(), nil, &fakeHook{err: fmt.Errorf("%w: boom", ErrHook)})
+	h := startPipelineWithHook(t, DefaultConfig(), nil, &fakeHook{err: fmt.Errorf("%w: boom", outbox.ErrHook)})
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
 	h.in <- commit(2000)
 	h.prod.ack(h.next())
-	if err := h.result(); !errors.Is(err, ErrHook) {
-		t.Fatalf("Run() = %v, want ErrHook", err)
+	if err := h.result(); !errors.Is(err, outbox.ErrHook) {
+		t.Fatalf("Run() = %v, want outbox.ErrHook", err)
 	}
 	if got := h.p.Confirmed(); got != 1000 {
 		t.Fatalf("confirmed %d although the hook failed", got)
@@ -338,12 +339,12 @@ func TestPipelineHookDoesNotRunWhenPublishFails(t *testing.T) {
 }
 
 func TestParseHooks(t *testing.T) {
-	got, err := ParseHooks([]string{"orders=UPDATE orders SET s = 1 WHERE id = $2", " t2 = SELECT 1 "})
+	got, err := outbox.ParseHooks([]string{"orders=UPDATE orders SET s = 1 WHERE id = $2", " t2 = SELECT 1 "})
 	if err != nil || got["orders"] != "UPDATE orders SET s = 1 WHERE id = $2" || got["t2"] != "SELECT 1" {
 		t.Fatalf("ParseHooks = %v, %v", got, err)
 	}
 	for _, bad := range [][]string{{"noequals"}, {"=SELECT 1"}, {"t="}, {"t=SELECT 1", "t=SELECT 2"}} {
-		if _, err := ParseHooks(bad); err == nil {
+		if _, err := outbox.ParseHooks(bad); err == nil {
 			t.Errorf("ParseHooks(%q) accepted", bad)
 		}
 	}
@@ -414,12 +415,12 @@ func TestPipelineFailureReleasesSendBlockedOnProducerInput(t *testing.T) {
 func TestPipelineHookFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.MaxInFlightEvents = 1
-	h := startPipelineWithHook(t, cfg, nil, &fakeHook{err: fmt.Errorf("%w: boom", ErrHook)})
+	h := startPipelineWithHook(t, cfg, nil, &fakeHook{err: fmt.Errorf("%w: boom", outbox.ErrHook)})
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
 	h.in <- event(2, "a", "t")
 	h.prod.ack(h.next())
-	if err := h.result(); !errors.Is(err, ErrHook) {
+	if err := h.result(); !errors.Is(err, outbox.ErrHook) {
 		t.Fatalf("Run() = %v, want the hook error", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -44,10 +45,10 @@ type Deps struct {
 	ReadCheckpoint func(ctx context.Context, id Identity) (*Checkpoint, error)
 	// NewDeadLetterer, when set, connects the dead-letter producer. If the
 	// returned value is an io.Closer it is closed at the end of the session.
-	NewDeadLetterer func() (DeadLetterer, error)
+	NewDeadLetterer func() (outbox.DeadLetterer, error)
 	// NewHook, when set, connects the post-publish hook; closed like the
 	// dead-letterer.
-	NewHook func(ctx context.Context) (Hook, error)
+	NewHook func(ctx context.Context) (outbox.Hook, error)
 	// ReadHistory, when set, reads the server's WAL history: a checkpoint
 	// not on it (the database went back in time) is refused with a
 	// *RewindError instead of skipping what it covers.
@@ -64,9 +65,9 @@ type Deps struct {
 type Service struct {
 	cfg  Config
 	log  *zap.Logger
-	m    *Metrics
+	m    *outbox.Metrics
 	deps Deps
-	sup  *Supervisor
+	sup  *outbox.Supervisor
 	// lastPID is the server process of the previous session's replication
 	// connection (the supervisor's goroutine only).
 	lastPID int
@@ -76,12 +77,12 @@ type Service struct {
 }
 
 // NewService builds a service. m may be nil.
-func NewService(cfg Config, log *zap.Logger, m *Metrics, deps Deps) *Service {
+func NewService(cfg Config, log *zap.Logger, m *outbox.Metrics, deps Deps) *Service {
 	if m == nil {
-		m = NewMetrics(nil)
+		m = outbox.NewMetrics(nil)
 	}
 	s := &Service{cfg: cfg, log: log, m: m, deps: deps, newSlot: deps.SlotCreated}
-	s.sup = NewSupervisor(SupervisorConfig{
+	s.sup = outbox.NewSupervisor(outbox.SupervisorConfig{
 		RestartBackoffMin:   cfg.RestartBackoffMin,
 		RestartBackoffMax:   cfg.RestartBackoffMax,
 		StandbyPollInterval: cfg.StandbyPollInterval,
@@ -97,7 +98,7 @@ func NewService(cfg Config, log *zap.Logger, m *Metrics, deps Deps) *Service {
 func (s *Service) Stalled() time.Duration { return s.m.Stalled(time.Now()) }
 
 // State reports what the service is doing.
-func (s *Service) State() State { return s.sup.State() }
+func (s *Service) State() outbox.State { return s.sup.State() }
 
 // Run runs until ctx is cancelled (then returns nil after a graceful drain)
 // or a fatal error: a poison event without a dead-letter topic, a missing
@@ -118,7 +119,7 @@ func restartCause(err error) string {
 		return "kafka"
 	case errors.Is(err, errSourceOpen), errors.Is(err, errSource):
 		return "postgres"
-	case errors.Is(err, ErrHook):
+	case errors.Is(err, outbox.ErrHook):
 		return "hook"
 	default:
 		return "other"
@@ -139,7 +140,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		if errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID {
 			// Our own previous walsender has not exited yet: not a standby.
 			s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
-			return false, fmt.Errorf("%w: %w", errRetrySoon, err)
+			return false, fmt.Errorf("%w: %w", outbox.ErrRetrySoon, err)
 		}
 		if errors.Is(err, replication.ErrSlotInUse) || isFatal(err) {
 			return false, err
@@ -215,7 +216,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		}
 		s.newSlot = false
 	}
-	var dlq DeadLetterer
+	var dlq outbox.DeadLetterer
 	if s.deps.NewDeadLetterer != nil {
 		if dlq, err = s.deps.NewDeadLetterer(); err != nil {
 			prod.Close()
@@ -227,12 +228,12 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		}
 	}
 
-	var hook Hook
+	var hook outbox.Hook
 	if s.deps.NewHook != nil {
 		if hook, err = s.deps.NewHook(ctx); err != nil {
 			prod.Close()
 			drainResults(prod)
-			return progressed, fmt.Errorf("%w: %w", ErrHook, err)
+			return progressed, fmt.Errorf("%w: %w", outbox.ErrHook, err)
 		}
 		if c, ok := hook.(io.Closer); ok {
 			defer c.Close()

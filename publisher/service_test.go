@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -42,7 +43,7 @@ type svcHarness struct {
 	t      *testing.T
 	srv    *fakeServer
 	kafka  *svcKafka
-	m      *Metrics
+	m      *outbox.Metrics
 	logs   *observer.ObservedLogs
 	deps   Deps
 	svc    *Service
@@ -52,7 +53,7 @@ type svcHarness struct {
 
 func newSvcHarness(t *testing.T, srv *fakeServer, kafka *svcKafka) *svcHarness {
 	return &svcHarness{
-		t: t, srv: srv, kafka: kafka, m: NewMetrics(nil),
+		t: t, srv: srv, kafka: kafka, m: outbox.NewMetrics(nil),
 		deps: Deps{OpenSource: srv.open, NewProducer: kafka.newProducer},
 		errc: make(chan error, 2),
 	}
@@ -64,7 +65,7 @@ func (h *svcHarness) start(cfg Config) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logs = logs
 	h.svc = NewService(cfg, zap.New(core), h.m, h.deps)
-	if st := h.svc.State(); st != StateStarting {
+	if st := h.svc.State(); st != outbox.StateStarting {
 		h.t.Fatalf("State() before Run = %s, want starting", st)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -212,7 +213,7 @@ type failingHook struct{ fail bool }
 
 func (f *failingHook) AfterPublish(context.Context, *kafka.Record) error {
 	if f.fail {
-		return fmt.Errorf("%w: update orders: connection reset", ErrHook)
+		return fmt.Errorf("%w: update orders: connection reset", outbox.ErrHook)
 	}
 	return nil
 }
@@ -241,7 +242,7 @@ func TestServiceCountsRestartsByCause(t *testing.T) {
 		}},
 		{"dead-letter producer cannot connect", "kafka", func(h *svcHarness) {
 			var calls atomic.Int32
-			h.deps.NewDeadLetterer = func() (DeadLetterer, error) {
+			h.deps.NewDeadLetterer = func() (outbox.DeadLetterer, error) {
 				if calls.Add(1) == 1 {
 					return nil, boom
 				}
@@ -266,13 +267,13 @@ func TestServiceCountsRestartsByCause(t *testing.T) {
 		}},
 		{"hook fails", "hook", func(h *svcHarness) {
 			var calls atomic.Int32
-			h.deps.NewHook = func(context.Context) (Hook, error) {
+			h.deps.NewHook = func(context.Context) (outbox.Hook, error) {
 				return &failingHook{fail: calls.Add(1) == 1}, nil
 			}
 		}},
 		{"hook cannot connect", "hook", func(h *svcHarness) {
 			var calls atomic.Int32
-			h.deps.NewHook = func(context.Context) (Hook, error) {
+			h.deps.NewHook = func(context.Context) (outbox.Hook, error) {
 				if calls.Add(1) == 1 {
 					return nil, boom
 				}
@@ -411,7 +412,7 @@ func TestServiceWaitsAsStandbyWhileAnotherProcessHoldsTheSlot(t *testing.T) {
 	h := newSvcHarness(t, srv, newSvcKafka(nil))
 	h.start(svcConfig())
 	waitUntil(t, "several standby polls", func() bool { return srv.numOpens() >= 5 })
-	if st := h.svc.State(); st != StateStandby {
+	if st := h.svc.State(); st != outbox.StateStandby {
 		t.Fatalf("State() = %s while another process holds the slot, want standby", st)
 	}
 	if g := gauge(t, h.m.Standby); g != 1 {
@@ -419,7 +420,7 @@ func TestServiceWaitsAsStandbyWhileAnotherProcessHoldsTheSlot(t *testing.T) {
 	}
 	holder.Store(0)
 	h.waitSlotConfirmed(0x100)
-	if st := h.svc.State(); st != StateStreaming {
+	if st := h.svc.State(); st != outbox.StateStreaming {
 		t.Errorf("State() = %s after taking over, want streaming", st)
 	}
 	if g := gauge(t, h.m.Standby); g != 0 {
@@ -504,7 +505,7 @@ func TestServiceHaltsOnFatalErrors(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Run() = %v, want %v", err, tc.want)
 			}
-			if st := h.svc.State(); st != StateStopped {
+			if st := h.svc.State(); st != outbox.StateStopped {
 				t.Errorf("State() = %s after a halt, want stopped", st)
 			}
 			if n := srv.numOpens(); n != 1 {
@@ -529,7 +530,7 @@ func TestServicePoisonWithDeadLetterTopicDoesNotHalt(t *testing.T) {
 		return fail, &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
 	}))
 	dlq := &fakeDLQ{}
-	h.deps.NewDeadLetterer = func() (DeadLetterer, error) { return dlq, nil }
+	h.deps.NewDeadLetterer = func() (outbox.DeadLetterer, error) { return dlq, nil }
 	cfg := svcConfig()
 	cfg.DeadLetterTopic = "dlq"
 	h.start(cfg)
@@ -581,7 +582,7 @@ func TestServiceCleanStopFinishesTheTransactionInHandAndWaitsForAcks(t *testing.
 	if got, want := h.kafka.sentIDs(), []int64{1, 2}; !slices.Equal(got, want) {
 		t.Errorf("sent %v, want %v: no transaction begun after the stop", got, want)
 	}
-	if st := h.svc.State(); st != StateStopped {
+	if st := h.svc.State(); st != outbox.StateStopped {
 		t.Errorf("State() = %s after Run returned, want stopped", st)
 	}
 	h.wantRestarts(nil)
@@ -652,7 +653,7 @@ func TestServiceStateFollowsTheSessions(t *testing.T) {
 			h := newSvcHarness(t, srv, kafka)
 			h.start(svcConfig())
 			h.waitSlotConfirmed(0x100)
-			if st := h.svc.State(); st != StateStreaming {
+			if st := h.svc.State(); st != outbox.StateStreaming {
 				t.Fatalf("State() = %s while a session runs, want streaming", st)
 			}
 			broken.Store(true)
@@ -662,20 +663,20 @@ func TestServiceStateFollowsTheSessions(t *testing.T) {
 			case <-time.After(waitTimeout):
 				t.Fatal("no restart")
 			}
-			if st := h.svc.State(); st != StateRestarting {
+			if st := h.svc.State(); st != outbox.StateRestarting {
 				t.Fatalf("State() = %s between sessions, want restarting", st)
 			}
 			close(release)
 			srv.commit(0x300, event(3, "a", "t"))
 			h.waitSlotConfirmed(0x300)
-			if st := h.svc.State(); st != StateStreaming {
+			if st := h.svc.State(); st != outbox.StateStreaming {
 				t.Fatalf("State() = %s after the restart, want streaming", st)
 			}
 			h.wantRestarts(map[string]float64{cause: 1})
 			if err := h.stop(); err != nil {
 				t.Fatalf("Run() = %v after a stop", err)
 			}
-			if st := h.svc.State(); st != StateStopped {
+			if st := h.svc.State(); st != outbox.StateStopped {
 				t.Fatalf("State() = %s after Run returned, want stopped", st)
 			}
 		})

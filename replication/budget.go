@@ -3,6 +3,8 @@ package replication
 import (
 	"context"
 	"time"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // Budget bounds the bytes of decoded events that are out of the stream's
@@ -24,20 +26,9 @@ type Budget interface {
 	Freed() <-chan struct{}
 }
 
-// EventOverhead is what an event costs beyond its bytes: the decoded
-// Message and, downstream, the record, its header structs and the Kafka
-// batch's record (measured: see README "Memory"). It is charged to the
-// budget with every event, so that small events are bounded by bytes too.
-const EventOverhead = 512
-
-// Size is what ev costs the budget: its variable bytes plus EventOverhead.
-func (e *Event) Size() int64 {
-	n := len(e.UUID) + len(e.AggregateID) + len(e.Topic) + len(e.Payload) + len(e.EventType)
-	for _, h := range e.Headers {
-		n += len(h.Key) + len(h.Value)
-	}
-	return int64(n) + EventOverhead
-}
+// EventOverhead is what an event costs beyond its bytes
+// (outbox.EventOverhead).
+const EventOverhead = outbox.EventOverhead
 
 // acquire takes room for an event of n bytes from b. While there is none
 // it reads nothing more from the server (that is the point: the bytes wait

@@ -1,60 +1,19 @@
 package replication
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd/outbox"
 )
 
-// Event is one outbox row, decoded from a pgoutput Insert message.
-//
-// All byte slices and strings are owned by the Event: they never alias the
-// buffer of the replication connection, so an Event may outlive the message
-// it was decoded from.
-type Event struct {
-	// ID is the outbox row's id when the id column is an integer; 0 when it
-	// is a uuid (see UUID).
-	ID int64
-	// UUID is the text form of a uuid id column; empty for an integer id.
-	UUID string
-	// AggregateID becomes the Kafka record key.
-	AggregateID string
-	// Topic is the row's topic; empty when the column is absent or NULL.
-	Topic string
-	// Payload is the stored value exactly: jsonb/json/text as their text form,
-	// bytea as raw bytes; nil only for a NULL payload read with
-	// DecoderConfig.NullPayload (never nil otherwise, even when empty).
-	Payload []byte
-	// EventType is the optional event type column; empty when absent or NULL.
-	EventType string
-	// CreatedAt is the row's creation time; zero when absent or NULL.
-	CreatedAt time.Time
-	// Headers are the row's own headers: its header columns, then the
-	// members of its headers column, in that order.
-	Headers []Header
-}
+// Event is one outbox row (outbox.Event): the decoder makes it from a
+// pgoutput Insert message, the poller from a SELECT.
+type Event = outbox.Event
 
-// IDString is the event id as text: the uuid, or the integer in decimal.
-func (e *Event) IDString() string {
-	if e.UUID != "" {
-		return e.UUID
-	}
-	return strconv.FormatInt(e.ID, 10)
-}
-
-// AppendID appends the event id as text to b.
-func (e *Event) AppendID(b []byte) []byte {
-	if e.UUID != "" {
-		return append(b, e.UUID...)
-	}
-	return strconv.AppendInt(b, e.ID, 10)
-}
-
-// Header is one header an outbox row asks for.
-type Header struct {
-	Key, Value string
-}
+// Header is one header an outbox row asks for (outbox.Header).
+type Header = outbox.Header
 
 // Begin marks the start of a committed transaction.
 type Begin struct {

@@ -41,8 +41,8 @@ func TestDecodeMappedColumns(t *testing.T) {
 				txt("1556890294344"), txt(`{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate": "congo=t61rcWkgMzE"}`)),
 			want: Event{UUID: uuid, AggregateID: "1", Topic: "outbox.event.Order", Payload: []byte(`{"id": 1}`),
 				CreatedAt: time.UnixMilli(1556890294344).UTC(),
-				Headers: []Header{{"eventType", "OrderCreated"},
-					{"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, {"tracestate", "congo=t61rcWkgMzE"}}},
+				Headers: []Header{{Key: "eventType", Value: "OrderCreated"},
+					{Key: "traceparent", Value: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, {Key: "tracestate", Value: "congo=t61rcWkgMzE"}}},
 		},
 		{
 			name:   "NULL placeholder: no topic; NULL header column and headers: no headers",

@@ -46,7 +46,7 @@ func TestDecodeOutboxMessages(t *testing.T) {
 		encodeMessage(true, lsn+0x80, MessagePrefix, emitContent("", "k:with:colons", `{}`, ``)),
 		commit())
 	want := Event{ID: lsn, Topic: "orders", AggregateID: "order-42", Payload: []byte(`{"n": 1}`),
-		Headers: []Header{{"traceparent", "00-a-b-01"}}}
+		Headers: []Header{{Key: "traceparent", Value: "00-a-b-01"}}}
 	if msgs[1].Kind != KindEvent {
 		t.Fatalf("outboxd message: Kind %v (%+v), want event", msgs[1].Kind, msgs[1].Rejected)
 	}

@@ -12,7 +12,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // The Grafana dashboard must chart every metric outboxd exports, and only
@@ -39,7 +39,7 @@ func TestGrafanaDashboardCoversEveryMetric(t *testing.T) {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	m := publisher.NewMetrics(reg)
+	m := outbox.NewMetrics(reg)
 	for _, v := range []*prometheus.CounterVec{m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered, m.ProduceRetries} {
 		v.WithLabelValues("t")
 	}
@@ -77,7 +77,7 @@ func TestAlertRulesNameRealMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recordingRegisterer{}
-	publisher.NewMetrics(rec)
+	outbox.NewMetrics(rec)
 	registerBuildInfo(rec)
 	exported := rec.names(t)
 	names := regexp.MustCompile(`outboxd_[a-z_]+`).FindAllString(string(rules), -1)

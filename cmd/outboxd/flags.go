@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/retention"
@@ -233,15 +234,15 @@ func (l *stringList) Set(v string) error {
 
 // newHook is the post-publish hook factory both sources use; nil when no
 // --hook is set.
-func (o *options) newHook() (func(context.Context) (publisher.Hook, error), error) {
-	hooks, err := publisher.ParseHooks(o.hooks)
+func (o *options) newHook() (func(context.Context) (outbox.Hook, error), error) {
+	hooks, err := outbox.ParseHooks(o.hooks)
 	if err != nil {
 		return nil, fmt.Errorf("invalid configuration: %w", err)
 	}
 	if len(hooks) == 0 {
 		return nil, nil
 	}
-	return func(ctx context.Context) (publisher.Hook, error) {
-		return publisher.NewSQLHooks(ctx, o.pgDSN, hooks)
+	return func(ctx context.Context) (outbox.Hook, error) {
+		return outbox.NewSQLHooks(ctx, o.pgDSN, hooks)
 	}, nil
 }

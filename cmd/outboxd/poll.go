@@ -21,8 +21,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/poll"
-	"github.com/outboxd/outboxd/publisher"
 )
 
 const (
@@ -81,12 +81,12 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	registerBuildInfo(reg)
 	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
 	deps := poll.Deps{
-		NewProducer: func() (publisher.Producer, error) {
+		NewProducer: func() (outbox.Producer, error) {
 			return kafka.NewProducer(kcfg, logger.Named("kafka"), kafka.ProducerHooks{})
 		},
 	}
 	if cfg.DeadLetterTopic != "" {
-		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
+		deps.NewDeadLetterer = func() (outbox.DeadLetterer, error) {
 			return kafka.NewDeadLetterer(kcfg, cfg.DeadLetterTopic)
 		}
 	}
@@ -125,7 +125,7 @@ func pollHealthMux(reg *prometheus.Registry, p *poll.Poller, withPprof bool) *ht
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if st := p.State(); st != publisher.StateStreaming {
+		if st := p.State(); st != outbox.StateStreaming {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintf(w, "not ready: %s\n", st)
 			return

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
@@ -81,9 +82,9 @@ func cmdReplay(ctx context.Context, args []string) error {
 	pcfg.Schema, pcfg.Table, pcfg.Mapping = o.slot.Schema, o.slot.Table, o.pub.Mapping
 	n, err := poll.Replay(ctx, conn, pcfg, rng, *batch, func(events []replication.Event) error {
 		for i := range events {
-			r := publisher.NewRecord(&events[i], &o.pub.Mapping, time.Now())
+			r := outbox.NewRecord(&events[i], &o.pub.Mapping, time.Now())
 			if origin != nil {
-				r.Headers = append(r.Headers, kafka.Header{Key: publisher.HeaderOrigin, Value: origin})
+				r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: origin})
 			}
 			if err := prod.Send(ctx, r); err != nil {
 				return err

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/retention"
@@ -76,7 +77,7 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg)
-	metrics := publisher.NewMetrics(reg)
+	metrics := outbox.NewMetrics(reg)
 	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
 	o.pub.MaxRecordBytes = kcfg.MaxMessageBytes
 
@@ -105,7 +106,7 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 		deps.SlotCreated = slotCreated || createdBefore
 	}
 	if o.pub.DeadLetterTopic != "" {
-		deps.NewDeadLetterer = func() (publisher.DeadLetterer, error) {
+		deps.NewDeadLetterer = func() (outbox.DeadLetterer, error) {
 			return kafka.NewDeadLetterer(kcfg, o.pub.DeadLetterTopic)
 		}
 	}
@@ -212,7 +213,7 @@ func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := svc.State()
 		switch st {
-		case publisher.StateStreaming:
+		case outbox.StateStreaming:
 			if d := svc.Stalled(); d > stallTimeout {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				fmt.Fprintf(w, "not ready: stalled: events have waited %s for Kafka with none acknowledged (--stall-timeout %s)\n",
@@ -220,9 +221,9 @@ func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string
 				return
 			}
 			fmt.Fprintf(w, "ready: active, streaming from slot %q\n", slotName)
-		case publisher.StateStandby:
+		case outbox.StateStandby:
 			fmt.Fprintf(w, "ready: standby, another process holds slot %q\n", slotName)
-		case publisher.StateRestarting:
+		case outbox.StateRestarting:
 			w.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(w, "not ready: restarting after an error")
 		default:

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -51,7 +51,7 @@ func (o *options) shape() error {
 	var (
 		cols replication.Columns
 		tmpl string
-		m    = publisher.DefaultMapping()
+		m    = outbox.DefaultMapping()
 	)
 	switch s.format {
 	case formatOutboxd, "":
@@ -61,7 +61,7 @@ func (o *options) shape() error {
 			Topic: "-", CreatedAt: "-", EventType: "-", Headers: "-"}
 		tmpl = "outbox.event.{aggregatetype}"
 		m.IDHeader, m.KeyHeader = "id", "-"
-		m.KeyEncoding, m.ValueEncoding = publisher.JSONString, publisher.JSONString
+		m.KeyEncoding, m.ValueEncoding = outbox.JSONString, outbox.JSONString
 	default:
 		return fmt.Errorf("--format %q: use %s or %s", s.format, formatOutboxd, formatDebezium)
 	}
@@ -81,10 +81,10 @@ func (o *options) shape() error {
 	set(&m.IDHeader, s.idHeader)
 	set(&m.KeyHeader, s.keyHeader)
 	if s.keyEncoding != "" {
-		m.KeyEncoding = publisher.Encoding(s.keyEncoding)
+		m.KeyEncoding = outbox.Encoding(s.keyEncoding)
 	}
 	if s.valueEncoding != "" {
-		m.ValueEncoding = publisher.Encoding(s.valueEncoding)
+		m.ValueEncoding = outbox.Encoding(s.valueEncoding)
 	}
 	var errs []error
 	var hcs []replication.HeaderColumn

@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -19,7 +19,7 @@ type slotPoller struct {
 	dsn      string
 	cfg      slot.Config
 	interval time.Duration
-	m        *publisher.Metrics
+	m        *outbox.Metrics
 	log      *zap.Logger
 
 	conn    *pgx.Conn
@@ -77,7 +77,7 @@ func (p *slotPoller) read(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.m.ObserveSlot(publisher.SlotPoll{
+	p.m.ObserveSlot(outbox.SlotPoll{
 		ServerWAL:     st.CurrentWALLSN,
 		SlotConfirmed: st.ConfirmedFlushLSN,
 		RestartLSN:    st.RestartLSN,

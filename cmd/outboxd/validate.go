@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
 )
 
@@ -21,7 +22,7 @@ import (
 // It returns the Kafka configuration the settings make.
 func (o *options) validateRun() (kafka.Config, error) {
 	kcfg, kerr := o.kafkaConfig()
-	_, herr := publisher.ParseHooks(o.hooks)
+	_, herr := outbox.ParseHooks(o.hooks)
 	_, lerr := o.logger(io.Discard)
 	errs := []error{o.validateCommon(), o.validateDSN(), kerr, validateBrokers(kcfg.Brokers),
 		o.shape(), o.pub.Validate(), o.streamConfig().Validate(), herr, lerr, o.validateCombinations()}

@@ -1,4 +1,4 @@
-package publisher
+package outbox
 
 import (
 	"context"
@@ -75,9 +75,9 @@ type Held interface {
 	HeldBy() (name string, pid int)
 }
 
-// errRetrySoon asks for a new session after RestartBackoffMin, without
+// ErrRetrySoon asks for a new session after RestartBackoffMin, without
 // counting or logging a restart.
-var errRetrySoon = errors.New("publisher: retry soon")
+var ErrRetrySoon = errors.New("retry soon")
 
 // NewSupervisor builds a supervisor. m may be nil.
 func NewSupervisor(cfg SupervisorConfig, log *zap.Logger, m *Metrics) *Supervisor {
@@ -142,7 +142,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 		}
 		var held Held
 		switch {
-		case errors.Is(err, errRetrySoon):
+		case errors.Is(err, ErrRetrySoon):
 			if !backoff.Sleep(ctx, s.cfg.RestartBackoffMin) {
 				return nil
 			}

@@ -1,15 +1,13 @@
-package publisher
+package outbox
 
 import (
 	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/outboxd/outboxd/replication"
 )
 
-func headerList(t *testing.T, m *Mapping, ev *replication.Event) string {
+func headerList(t *testing.T, m *Mapping, ev *Event) string {
 	t.Helper()
 	r := NewRecord(ev, m, time.Time{})
 	var s string
@@ -20,19 +18,19 @@ func headerList(t *testing.T, m *Mapping, ev *replication.Event) string {
 }
 
 func TestNewRecordHeaders(t *testing.T) {
-	ev := &replication.Event{ID: 42, AggregateID: "order-1", EventType: "Created",
-		Headers: []replication.Header{{Key: "traceparent", Value: "00-abc-def-01"}}}
+	ev := &Event{ID: 42, AggregateID: "order-1", EventType: "Created",
+		Headers: []Header{{Key: "traceparent", Value: "00-abc-def-01"}}}
 	if got, want := headerList(t, &Mapping{}, ev), "outbox-id=42;aggregate-id=order-1;event-type=Created;traceparent=00-abc-def-01;"; got != want {
 		t.Errorf("default mapping: headers %s, want %s", got, want)
 	}
-	uuid := &replication.Event{UUID: "4d47e190-0402-4048-bc2c-89dd54343cdc", AggregateID: "1"}
+	uuid := &Event{UUID: "4d47e190-0402-4048-bc2c-89dd54343cdc", AggregateID: "1"}
 	if got, want := headerList(t, &Mapping{IDHeader: "id", KeyHeader: "-"}, uuid), "id=4d47e190-0402-4048-bc2c-89dd54343cdc;"; got != want {
 		t.Errorf("debezium headers: %s, want %s", got, want)
 	}
 }
 
 func TestNewRecordJSONStringEncoding(t *testing.T) {
-	ev := &replication.Event{ID: 1, AggregateID: "1", Payload: []byte(`{"id": 1, "s": "a\"b", "t": "x</y>"}`)}
+	ev := &Event{ID: 1, AggregateID: "1", Payload: []byte(`{"id": 1, "s": "a\"b", "t": "x</y>"}`)}
 	r := NewRecord(ev, &Mapping{KeyEncoding: JSONString, ValueEncoding: JSONString}, time.Time{})
 	if got, want := string(r.Key), `"1"`; got != want {
 		t.Errorf("key %s, want %s", got, want)
@@ -89,7 +87,7 @@ func TestMappingValidate(t *testing.T) {
 func TestRecordNilPayloadIsNullValue(t *testing.T) {
 	m := DefaultMapping()
 	m.ValueEncoding = JSONString
-	r := NewRecord(&replication.Event{ID: 1, AggregateID: "k", Topic: "t"}, &m, time.Now())
+	r := NewRecord(&Event{ID: 1, AggregateID: "k", Topic: "t"}, &m, time.Now())
 	if r.Value != nil {
 		t.Fatalf("value %q, want nil (a tombstone)", r.Value)
 	}

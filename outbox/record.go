@@ -1,4 +1,4 @@
-package publisher
+package outbox
 
 import (
 	"fmt"
@@ -6,7 +6,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/replication"
 )
 
 // kafka.Header names set on every record by default.
@@ -73,7 +72,7 @@ func (m Mapping) Validate() error {
 // headers: the id header, the key header, event-type (when the row has one)
 // and the row's own headers, in that order; timestamp = the row's (or the
 // commit time when the row has none).
-func NewRecord(ev *replication.Event, m *Mapping, commitTime time.Time) *kafka.Record {
+func NewRecord(ev *Event, m *Mapping, commitTime time.Time) *kafka.Record {
 	topic := ev.Topic
 	if topic == "" {
 		topic = m.DefaultTopic
@@ -116,6 +115,16 @@ func NewRecord(ev *replication.Event, m *Mapping, commitTime time.Time) *kafka.R
 		EventID:   ev.UUID,
 	}
 }
+
+// SendsOrigin reports whether records of mapping m carry the origin header:
+// only in outboxd's own shape (id in outbox-id, which package consumer
+// reads), not in another tool's (Debezium's headers are exactly its own).
+func (m *Mapping) SendsOrigin() bool { return m.IDHeader == "" || m.IDHeader == HeaderOutboxID }
+
+// HeaderOrigin names the header that says which history of which database
+// an event comes from (Identity.Origin): consumers deduplicate on origin
+// and id.
+const HeaderOrigin = "outbox-origin"
 
 // noHeader, as a header name of Mapping, sets no header.
 const noHeader = "-"
