@@ -3,18 +3,11 @@ package replication
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 )
-
-// ErrMessageKey means outbox_emit's messages should be read but outboxd
-// cannot authenticate them: the key table (migration 007) is missing or
-// unreadable for outboxd's role. Reading on would skip every real event as
-// forged, so the service stops with the fix.
-var ErrMessageKey = errors.New("outbox_emit key unavailable")
 
 // messageKeyQuery says whether outbox_emit and its key table exist on the
 // search path, and whether the current role may read the key.

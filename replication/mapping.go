@@ -11,32 +11,81 @@ import (
 	"github.com/outboxd/outboxd/slot"
 )
 
+// Columns names the outbox table's columns.
+type Columns struct {
+	// ID is the event id: bigint, integer, smallint or uuid (required).
+	ID string
+	// AggregateID is the record key (required).
+	AggregateID string
+	// Topic is the topic (optional; see DecoderConfig.TopicTemplate).
+	Topic string
+	// Payload is the record value (required).
+	Payload string
+	// CreatedAt is the record timestamp (optional): a timestamptz or
+	// timestamp, or an integer of milliseconds since the Unix epoch.
+	CreatedAt string
+	// EventType is an optional column placed in the event-type header.
+	EventType string
+	// Headers is an optional jsonb (or json) column whose object of string
+	// values becomes record headers, e.g. {"traceparent": "00-…"}.
+	Headers string
+}
+
+// DefaultColumns returns the column names of the standard outbox table: id,
+// aggregate_id, topic, payload, created_at, event_type, headers.
+func DefaultColumns() Columns {
+	return Columns{
+		ID:          "id",
+		AggregateID: "aggregate_id",
+		Topic:       "topic",
+		Payload:     "payload",
+		CreatedAt:   "created_at",
+		EventType:   "event_type",
+		Headers:     "headers",
+	}
+}
+
+// DecoderConfig configures a Decoder. Empty fields take their defaults:
+// schema "public", table "outbox", and the names of DefaultColumns. A
+// column set to "-" is not read at all (only the optional ones: Topic,
+// CreatedAt, EventType, Headers).
+type DecoderConfig struct {
+	Schema, Table string
+	Columns       Columns
+	// TopicTemplate, when set, routes every row to the topic it renders
+	// instead of reading Columns.Topic: each {column} is replaced by that
+	// column's text, e.g. "outbox.event.{aggregatetype}". A row whose
+	// placeholder column is NULL has no topic (as a row with a NULL topic
+	// column: the default topic, or a poison event).
+	TopicTemplate string
+	// Messages decodes logical decoding messages of prefix MessagePrefix
+	// (written by outbox_emit) as events: the table-less outbox. Only those
+	// whose MAC verifies with MessageKey become events; the others are
+	// KindRejected. The stream asks pgoutput for them (PostgreSQL 14 or
+	// later) only when outbox_emit's key is installed, and fills in
+	// MessageKey when it starts; MessagesRequired makes a missing key an
+	// error instead (--source=messages).
+	Messages         bool
+	MessagesRequired bool
+	MessageKey       *MessageKey
+	// NullPayload makes a NULL payload an event with a nil Payload (a
+	// record with a null value: a tombstone, as Debezium's Outbox Event
+	// Router sends it) instead of a bad event.
+	NullPayload bool
+	// HeaderColumns places further columns as headers, in this order,
+	// after the event-type header and before those of Columns.Headers. A
+	// NULL value sets no header.
+	HeaderColumns []HeaderColumn
+}
+
+// HeaderColumn places the text of Column in the header named Header.
+type HeaderColumn struct {
+	Column, Header string
+}
+
 // columnOff, as a column name in DecoderConfig.Columns, turns an optional
 // column off.
 const columnOff = "-"
-
-// ErrColumnType reports an outbox column whose type outboxd cannot read in
-// the role it is mapped to (a text id, a json headers column that is an
-// integer, ...).
-var ErrColumnType = errors.New("replication: column type")
-
-// ColumnTypeError names a mapped column of the wrong type. It unwraps to
-// ErrColumnType.
-type ColumnTypeError struct {
-	Schema, Table, Column string
-	// Role is what the column is mapped to ("id", "headers", ...).
-	Role string
-	// OID is the column's type OID; Want says which types fit.
-	OID  uint32
-	Want string
-}
-
-func (e *ColumnTypeError) Error() string {
-	return fmt.Sprintf("replication: outbox column %s.%s.%q (the %s) has type OID %d: outboxd reads %s there: change the column's type or map another column",
-		e.Schema, e.Table, e.Column, e.Role, e.OID, e.Want)
-}
-
-func (e *ColumnTypeError) Unwrap() error { return ErrColumnType }
 
 func or(s, def string) string {
 	if s == "" {

@@ -496,11 +496,6 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 	}
 }
 
-// ErrServerSilent means the server sent nothing, not even a keepalive when
-// asked for one, for StreamConfig.ServerTimeout: the connection is half-open
-// or the server stopped. Run returns it so that the caller restarts.
-var ErrServerSilent = errors.New("replication server silent")
-
 // errStopped ends the receive loop without an error: ctx was cancelled or the
 // consumer is gone.
 var errStopped = errors.New("replication: stopped")
