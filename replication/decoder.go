@@ -1,10 +1,7 @@
 package replication
 
 import (
-	"encoding/binary"
 	"fmt"
-
-	"github.com/jackc/pglogrepl"
 )
 
 // Decoder turns pgoutput messages (protocol version 1, text format, no
@@ -86,194 +83,101 @@ func (d *Decoder) Decode(walData []byte) (Message, error) {
 	}
 }
 
-// Sizes of the fixed-size messages, type byte included.
-const (
-	beginSize  = 1 + 8 + 8 + 4
-	commitSize = 1 + 1 + 8 + 8 + 8
-)
-
 func (d *Decoder) decodeBegin(b []byte) (Message, error) {
-	if err := checkSize(b, beginSize); err != nil {
+	var m beginMessage
+	if err := m.decode(b); err != nil {
 		return Message{}, err
 	}
 	if d.inTxn {
 		return Message{}, protoErr(b, 0, "begin inside a transaction")
 	}
 	d.inTxn = true
-	return Message{
-		Kind: KindBegin,
-		Begin: Begin{
-			FinalLSN:   pglogrepl.LSN(binary.BigEndian.Uint64(b[1:])),
-			CommitTime: pgTime(binary.BigEndian.Uint64(b[9:])),
-			Xid:        binary.BigEndian.Uint32(b[17:]),
-		},
-	}, nil
+	return Message{Kind: KindBegin, Begin: Begin{FinalLSN: m.finalLSN, CommitTime: m.commitTime, Xid: m.xid}}, nil
 }
 
 func (d *Decoder) decodeCommit(b []byte) (Message, error) {
-	if err := checkSize(b, commitSize); err != nil {
+	var m commitMessage
+	if err := m.decode(b); err != nil {
 		return Message{}, err
 	}
 	if !d.inTxn {
 		return Message{}, protoErr(b, 0, "commit outside a transaction")
 	}
 	d.inTxn = false
-	// b[1] holds flags, unused by protocol version 1.
-	return Message{
-		Kind: KindCommit,
-		Commit: Commit{
-			CommitLSN:  pglogrepl.LSN(binary.BigEndian.Uint64(b[2:])),
-			EndLSN:     pglogrepl.LSN(binary.BigEndian.Uint64(b[10:])),
-			CommitTime: pgTime(binary.BigEndian.Uint64(b[18:])),
-		},
-	}, nil
+	return Message{Kind: KindCommit, Commit: Commit{CommitLSN: m.commitLSN, EndLSN: m.endLSN, CommitTime: m.commitTime}}, nil
 }
 
-// Minimum encoded size of one column of a Relation message: flags, an empty
-// name's terminator, type OID, type modifier.
-const minRelColumnSize = 1 + 1 + 4 + 4
-
+// decodeRelation remembers a relation; for the outbox table, the role and
+// type of each column.
 func (d *Decoder) decodeRelation(b []byte) error {
-	off := 1
-	relID, off, err := readUint32(b, off)
-	if err != nil {
+	var m relationMessage
+	if err := m.decode(b); err != nil {
 		return err
 	}
-	ns, off, err := readCString(b, off)
-	if err != nil {
-		return err
-	}
-	name, off, err := readCString(b, off)
-	if err != nil {
-		return err
-	}
-	if off+1+2 > len(b) {
-		return truncErr(b)
-	}
-	off++ // replica identity
-	n := int(binary.BigEndian.Uint16(b[off:]))
-	off += 2
-	// Check the claimed column count against the bytes present before
-	// allocating anything for it.
-	if n*minRelColumnSize > len(b)-off {
-		return protoErr(b, off-2, fmt.Sprintf("%d columns do not fit in the %d bytes left", n, len(b)-off))
-	}
+	n := len(m.columns)
 	rel := &relation{ncols: n}
-	if string(ns) == d.schema && string(name) == d.table {
+	if string(m.namespace) == d.schema && string(m.name) == d.table {
 		rel.outbox = true
 		rel.roles = make([]role, n)
 		rel.names = make([]string, n)
-	}
-	var seen [numRoles]bool
-	for i := 0; i < n; i++ {
-		off++ // flags
-		var col []byte
-		if col, off, err = readCString(b, off); err != nil {
-			return err
+		var seen [numRoles]bool
+		for i, c := range m.columns {
+			rel.names[i] = string(c.name)
+			if r := d.roleOf(c.name); r != roleNone && !seen[r] {
+				seen[r] = true
+				rel.roles[i] = r
+				rel.oid[r] = c.typeOID
+			}
 		}
-		var oid uint32
-		if oid, off, err = readUint32(b, off); err != nil {
-			return err
-		}
-		if off+4 > len(b) {
-			return truncErr(b)
-		}
-		off += 4 // type modifier
-		if !rel.outbox {
-			continue
-		}
-		rel.names[i] = string(col)
-		if r := d.roleOf(col); r != roleNone && !seen[r] {
-			seen[r] = true
-			rel.roles[i] = r
-			rel.oid[r] = oid
-		}
-	}
-	if off != len(b) {
-		return trailingErr(b, off)
-	}
-	if rel.outbox {
 		rel.missing = d.resolve(rel, &seen)
 	}
-	d.rels[relID] = rel
+	d.rels[m.relID] = rel
 	return nil
 }
 
+// decodeInsert turns an Insert of the outbox table into an event; inserts
+// of other tables mean nothing.
 func (d *Decoder) decodeInsert(b []byte) (Message, error) {
 	if !d.inTxn {
 		return Message{}, protoErr(b, 0, "insert outside a transaction")
 	}
-	off := 1
-	relID, off, err := readUint32(b, off)
-	if err != nil {
+	var m insertMessage
+	if err := m.decodeHeader(b); err != nil {
 		return Message{}, err
 	}
-	if off+1+2 > len(b) {
-		return Message{}, truncErr(b)
-	}
-	if b[off] != 'N' {
-		return Message{}, protoErr(b, off, fmt.Sprintf("tuple type %q, want 'N'", b[off]))
-	}
-	off++
-	n := int(binary.BigEndian.Uint16(b[off:]))
-	rel := d.rels[relID]
+	rel := d.rels[m.relID]
 	if rel == nil {
-		return Message{}, &DecodeError{MsgType: 'I', Offset: 1, Err: ErrUnknownRelation, Detail: fmt.Sprintf("no Relation message for relation id %d", relID)}
+		return Message{}, &DecodeError{MsgType: 'I', Offset: 1, Err: ErrUnknownRelation, Detail: fmt.Sprintf("no Relation message for relation id %d", m.relID)}
 	}
-	if n != rel.ncols {
-		return Message{}, protoErr(b, off, fmt.Sprintf("tuple has %d columns, relation %d has %d", n, relID, rel.ncols))
+	if m.ncols != rel.ncols {
+		return Message{}, protoErr(b, m.ncolsOff, fmt.Sprintf("tuple has %d columns, relation %d has %d", m.ncols, m.relID, rel.ncols))
 	}
-	off += 2
-
-	var spans [numRoles]span
-	odd := span{col: -1} // first 'u' or 'b' value
+	var row []span // nil: the values are checked, not kept
 	if rel.outbox {
-		if cap(d.row) < n {
-			d.row = make([]span, n)
+		if cap(d.row) < m.ncols {
+			d.row = make([]span, m.ncols)
 		}
-		d.row = d.row[:n]
+		d.row = d.row[:m.ncols]
+		row = d.row
 	}
-	for i := 0; i < n; i++ {
-		if off >= len(b) {
-			return Message{}, truncErr(b)
-		}
-		s := span{kind: b[off], col: i}
-		switch s.kind {
-		case 'n', 'u':
-			s.start, s.end = off, off
-			off++
-		case 't', 'b':
-			var l uint32
-			if l, off, err = readUint32(b, off+1); err != nil {
-				return Message{}, err
-			}
-			if uint64(l) > uint64(len(b)-off) {
-				return Message{}, protoErr(b, off-4, fmt.Sprintf("value of column %d claims %d bytes, %d left", i, l, len(b)-off))
-			}
-			s.start, s.end = off, off+int(l)
-			off = s.end
-		default:
-			return Message{}, protoErr(b, off, fmt.Sprintf("unknown tuple value kind %q in column %d", s.kind, i))
-		}
-		if !rel.outbox {
-			continue
-		}
-		if (s.kind == 'u' || s.kind == 'b') && odd.col < 0 {
-			odd = s
-		}
-		d.row[i] = s
-		if r := rel.roles[i]; r != roleNone {
-			spans[r] = s
-		}
-	}
-	if off != len(b) {
-		return Message{}, trailingErr(b, off)
+	if err := m.decodeTuple(b, row); err != nil {
+		return Message{}, err
 	}
 	if !rel.outbox {
 		return Message{}, nil
 	}
 	if rel.missing != nil {
 		return Message{}, rel.missing
+	}
+	var spans [numRoles]span
+	odd := span{col: -1} // first 'u' or 'b' value
+	for i, s := range row {
+		if (s.kind == 'u' || s.kind == 'b') && odd.col < 0 {
+			odd = s
+		}
+		if r := rel.roles[i]; r != roleNone {
+			spans[r] = s
+		}
 	}
 	return d.event(b, rel, &spans, odd)
 }

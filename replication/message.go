@@ -5,7 +5,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"hash"
@@ -123,33 +122,21 @@ func (d *Decoder) decodeMessage(b []byte) (Message, error) {
 	if !d.messages {
 		return Message{}, nil
 	}
-	const head = 1 + 1 + 8 // type, flags, LSN
-	if len(b) < head {
-		return Message{}, truncErr(b)
-	}
-	flags := b[1]
-	lsn := pglogrepl.LSN(binary.BigEndian.Uint64(b[2:]))
-	prefix, off, err := readCString(b, head)
-	if err != nil {
+	var w logicalMessage
+	if err := w.decode(b); err != nil {
 		return Message{}, err
 	}
-	n, off, err := readUint32(b, off)
-	if err != nil {
-		return Message{}, err
-	}
-	if uint64(n) != uint64(len(b)-off) {
-		return Message{}, protoErr(b, off-4, fmt.Sprintf("content claims %d bytes, %d present", n, len(b)-off))
-	}
-	if string(prefix) != MessagePrefix {
+	if string(w.prefix) != MessagePrefix {
 		return Message{}, nil
 	}
+	lsn := w.lsn
 	reject := func(reason, detail string) (Message, error) {
 		return Message{Kind: KindRejected, Rejected: Rejected{LSN: lsn, Reason: reason, Detail: detail}}, nil
 	}
-	if flags&1 == 0 || !d.inTxn {
+	if !w.transactional || !d.inTxn {
 		return reject(RejectNotTransactional, "not transactional: outbox_emit never writes such a message")
 	}
-	fields, reason, detail := d.verifier.verify(b[off:], lsn)
+	fields, reason, detail := d.verifier.verify(w.content, lsn)
 	if reason != "" {
 		return reject(reason, detail)
 	}

@@ -133,6 +133,16 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 		copy(ev.Payload, v)
 	}
 
+	if err := d.optionalColumns(b, rel, spans, &ev, badValue); err != nil {
+		return Message{}, err
+	}
+	return Message{Kind: KindEvent, Event: ev}, nil
+}
+
+// optionalColumns sets what the row's optional columns give ev: topic
+// (from the column or the template), event type, creation time, headers.
+func (d *Decoder) optionalColumns(b []byte, rel *relation, spans *[numRoles]span, ev *Event, badValue func(span, string) error) error {
+	var ok bool
 	if s := spans[roleTopic]; s.kind == 't' {
 		ev.Topic = d.intern(b[s.start:s.end], &d.lastTopic)
 	}
@@ -148,12 +158,12 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 		case oidInt8, oidInt4:
 			ms, ok := parseInt64(v)
 			if !ok {
-				return Message{}, badValue(s, "is not an integer: "+quote(v))
+				return badValue(s, "is not an integer: "+quote(v))
 			}
 			ev.CreatedAt = time.UnixMilli(ms).UTC()
 		default:
 			if ev.CreatedAt, ok = parseTimestamp(v); !ok {
-				return Message{}, badValue(s, "is not an ISO timestamp: "+quote(v))
+				return badValue(s, "is not an ISO timestamp: "+quote(v))
 			}
 		}
 	}
@@ -165,10 +175,10 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	if s := spans[roleHeaders]; s.kind == 't' {
 		v := b[s.start:s.end]
 		if ev.Headers, ok = appendJSONHeaders(ev.Headers, v); !ok {
-			return Message{}, badValue(s, "is not a JSON object of string values: "+quote(v))
+			return badValue(s, "is not a JSON object of string values: "+quote(v))
 		}
 	}
-	return Message{Kind: KindEvent, Event: ev}, nil
+	return nil
 }
 
 func kindDetail(kind byte) string {
