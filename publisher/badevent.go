@@ -144,9 +144,7 @@ func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.Ba
 		reason = errNoTopic.Error()
 	case p.dlq == nil && p.cfg.MaxRecordBytes > 0 && p.mayBeOversized(ev):
 		r := outbox.NewRecord(ev, &p.cfg.Mapping, t.commitTime)
-		if p.cp != nil {
-			p.cp.addOrigin(r) // produce adds it too: measure the record Kafka gets
-		}
+		p.mode.prepare(r) // produce adds the origin header too: measure the record Kafka gets
 		if n := r.Size() + kafka.RecordOverhead; n > p.cfg.MaxRecordBytes {
 			reason = fmt.Sprintf("record of %d bytes is larger than the producer's max message bytes (%d, --kafka-max-message-bytes)", r.Size(), p.cfg.MaxRecordBytes)
 		}

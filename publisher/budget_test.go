@@ -138,7 +138,9 @@ func TestBudgetStreamWaitingFlushesHeldBackRecords(t *testing.T) {
 func TestBudgetSkippedEventsReleaseTheirRoom(t *testing.T) {
 	h := &harness{t: t, prod: newFakeProducer(), in: make(chan replication.Message, 100), err: make(chan error, 1)}
 	h.p = NewPipeline(DefaultConfig(), zap.NewNop(), h.prod, nil, nil, 1000, nil)
-	h.p.cp = newCheckpointing("cp", Identity{}, &Checkpoint{EndLSN: 5000}, 1000)
+	if err := h.p.useCheckpoints(newCheckpointing("cp", Identity{}, &Checkpoint{EndLSN: 5000}, 1000)); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { h.err <- h.p.Run(ctx, h.in) }()

@@ -34,7 +34,9 @@ func startCheckpointed(t *testing.T, mode string, cp *Checkpoint) *cpHarness {
 	h := &cpHarness{t: t, prod: &fakeTxnProducer{fakeProducer: newFakeProducer(), commits: make(chan struct{}, 10)},
 		in: make(chan replication.Message, 100), err: make(chan error, 1)}
 	h.p = NewPipeline(cfg, zap.NewNop(), h.prod, nil, nil, 1000, nil)
-	h.p.cp = newCheckpointing("cp", testID, cp, 1000)
+	if err := h.p.useCheckpoints(newCheckpointing("cp", testID, cp, 1000)); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go func() { h.err <- h.p.Run(ctx, h.in) }()
@@ -73,7 +75,7 @@ func TestExactlyOnceConfirmsOnlyAfterTheKafkaCommit(t *testing.T) {
 	if cp.Topic != "cp" || string(cp.Key) != testID.Key() || !strings.Contains(string(cp.Value), `"end_lsn":"0/7D0"`) {
 		t.Fatalf("checkpoint record %s %s %s, want end_lsn 0/7D0 (2000) for key %s", cp.Topic, cp.Key, cp.Value, testID.Key())
 	}
-	if got := h.p.Checkpointed(2000); got != 1000 || h.p.Confirmed() != 1000 {
+	if got := h.p.Gate().Confirmable(2000); got != 1000 || h.p.Confirmed() != 1000 {
 		t.Fatalf("before the commit: checkpointed %d, confirmed %d; want 1000 (nothing)", got, h.p.Confirmed())
 	}
 	h.prod.ack(cp)
@@ -82,7 +84,7 @@ func TestExactlyOnceConfirmsOnlyAfterTheKafkaCommit(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no commit after the checkpoint was acknowledged")
 	}
-	waitUntil(t, "confirmed after the commit", func() bool { return h.p.Confirmed() == 2000 && h.p.Checkpointed(2000) == 2000 })
+	waitUntil(t, "confirmed after the commit", func() bool { return h.p.Confirmed() == 2000 && h.p.Gate().Confirmable(2000) == 2000 })
 }
 
 // Rule (exactly-once): a Postgres transaction is never split across Kafka
@@ -131,7 +133,7 @@ func TestAtLeastOnceConfirmsOnlyWhatIsCheckpointed(t *testing.T) {
 	h.in <- commit(2000)
 	h.prod.ack(h.next())
 	waitUntil(t, "watermark", func() bool { return h.p.Confirmed() == 2000 })
-	if got := h.p.Checkpointed(2000); got != 1000 {
+	if got := h.p.Gate().Confirmable(2000); got != 1000 {
 		t.Fatalf("checkpointed %d before any checkpoint record, want 1000", got)
 	}
 	h.in <- beginAt(2100) // the next commit triggers the checkpoint write
@@ -141,7 +143,7 @@ func TestAtLeastOnceConfirmsOnlyWhatIsCheckpointed(t *testing.T) {
 		t.Fatalf("got %s %s, want a checkpoint at 0/7D0", cp.Topic, cp.Value)
 	}
 	h.prod.ack(cp)
-	waitUntil(t, "checkpointed", func() bool { return h.p.Checkpointed(2000) == 2000 })
+	waitUntil(t, "checkpointed", func() bool { return h.p.Gate().Confirmable(2000) == 2000 })
 }
 
 func TestCheckGap(t *testing.T) {
@@ -171,5 +173,25 @@ func TestCheckpointRoundTrip(t *testing.T) {
 	out, err := ParseCheckpoint(b)
 	if err != nil || *out != in {
 		t.Fatalf("round trip of %s: %+v, %v", b, out, err)
+	}
+}
+
+// Rule: exactly-once delivery is chosen only with a producer that can
+// commit and abort Kafka transactions; otherwise the session fails at once
+// with the reason, instead of panicking at its first commit.
+func TestExactlyOnceNeedsATransactionalProducer(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Delivery = ExactlyOnce
+	p := NewPipeline(cfg, zap.NewNop(), newFakeProducer(), nil, nil, 1000, nil)
+	if err := p.useCheckpoints(newCheckpointing("cp", testID, nil, 1000)); err == nil || !strings.Contains(err.Error(), "transactional producer") {
+		t.Fatalf("useCheckpoints = %v, want an error naming the transactional producer", err)
+	}
+	tp := &fakeTxnProducer{fakeProducer: newFakeProducer(), commits: make(chan struct{}, 1)}
+	p = NewPipeline(cfg, zap.NewNop(), tp, nil, nil, 1000, nil)
+	if err := p.useCheckpoints(newCheckpointing("cp", testID, nil, 1000)); err != nil {
+		t.Fatalf("useCheckpoints with a transactional producer = %v", err)
+	}
+	if _, ok := p.mode.(*transactional); !ok {
+		t.Fatalf("mode %T, want *transactional", p.mode)
 	}
 }

@@ -56,7 +56,7 @@ func (f *fakeProducer) back(r *kafka.Record) {
 	f.results <- r
 }
 
-// fakeTxnProducer adds Commit, counted.
+// fakeTxnProducer adds Commit, counted, and Abort.
 type fakeTxnProducer struct {
 	*fakeProducer
 	commits chan struct{}
@@ -66,6 +66,8 @@ func (f *fakeTxnProducer) Commit(context.Context) error {
 	f.commits <- struct{}{}
 	return nil
 }
+
+func (f *fakeTxnProducer) Abort(context.Context) error { return nil }
 
 func (f *fakeProducer) numSent() int {
 	f.mu.Lock()

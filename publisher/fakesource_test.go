@@ -163,7 +163,7 @@ func (f *fakeSource) Close() { f.closed = true }
 
 var errFakeStopped = errors.New("fake source: stopped")
 
-func (f *fakeSource) Run(ctx context.Context, out chan<- replication.Message, progress replication.Progress) error {
+func (f *fakeSource) RunGated(ctx context.Context, out chan<- replication.Message, progress replication.Gate, _ replication.Budget) error {
 	err := f.receive(ctx, out, progress)
 	close(out)
 	if errors.Is(err, errFakeStopped) {
@@ -186,7 +186,7 @@ func (f *fakeSource) Run(ctx context.Context, out chan<- replication.Message, pr
 	}
 }
 
-func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message, progress replication.Progress) error {
+func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message, progress replication.Gate) error {
 	tick := time.NewTicker(statusPoll)
 	defer tick.Stop()
 	pos := f.start
@@ -242,7 +242,7 @@ func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message
 
 // deliver hands m to the consumer; stop (nil inside a transaction) abandons
 // it, as does the consumer going away.
-func (f *fakeSource) deliver(stop <-chan struct{}, out chan<- replication.Message, progress replication.Progress, m replication.Message) error {
+func (f *fakeSource) deliver(stop <-chan struct{}, out chan<- replication.Message, progress replication.Gate, m replication.Message) error {
 	tick := time.NewTicker(statusPoll)
 	defer tick.Stop()
 	for {

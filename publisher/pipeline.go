@@ -17,21 +17,21 @@ import (
 	"github.com/outboxd/outboxd/replication"
 )
 
-// Producer is outbox.Producer; bench/ still names it here.
-type Producer = outbox.Producer
-
 // Pipeline produces the events of one replication session and tracks what is
-// safe to confirm. It implements replication.Progress. A Pipeline runs once.
+// safe to confirm: its Gate is what the stream asks. A Pipeline runs once.
 type Pipeline struct {
 	cfg  Config
 	log  *zap.Logger
 	prod Producer
-	dlq  outbox.DeadLetterer // nil: poison halts
-	hook outbox.Hook         // nil: none
-	wm   *Watermark
-	lim  *limiter
-	m    *outbox.Metrics
-	cp   *checkpointing // nil: no checkpoints
+	// batch is prod when it takes several records at once, else nil.
+	batch batchSender
+	dlq   outbox.DeadLetterer // nil: poison halts
+	hook  outbox.Hook         // nil: none
+	wm    *Watermark
+	lim   *limiter
+	m     *outbox.Metrics
+	// mode is the delivery mode (plain until useCheckpoints).
+	mode delivery
 	// pending are records acquired and not yet handed to the producer
 	// (flush); owned by Run's goroutine.
 	pending []*kafka.Record
@@ -70,6 +70,8 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq outbox.DeadLett
 		failed: make(chan struct{}),
 		crash:  func() { os.Exit(3) },
 	}
+	p.batch, _ = prod.(batchSender)
+	p.mode = plain{wm}
 	m.TrackStall(p.lim) // for the stalled-seconds metric and readiness
 	return p
 }
@@ -78,7 +80,24 @@ func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq outbox.DeadLett
 // took) at least one event of this pipeline.
 func (p *Pipeline) Progressed() bool { return p.progressed.Load() }
 
-// Confirmed is the position safe to confirm to the server.
+// useCheckpoints turns checkpoints on before Run: the delivery mode becomes
+// checkpointed, or transactional for exactly-once (which needs a
+// Transactional producer).
+func (p *Pipeline) useCheckpoints(cp *checkpointing) error {
+	d, err := newDelivery(p, cp)
+	if err != nil {
+		return err
+	}
+	p.mode = d
+	return nil
+}
+
+// Gate is what the stream asks what it may confirm: the watermark as far as
+// the delivery mode lets it go. Take it after useCheckpoints.
+func (p *Pipeline) Gate() replication.Gate { return gate{wm: p.wm, mode: p.mode, done: p.done} }
+
+// Confirmed is the done prefix: every event up to it is acknowledged (and,
+// in exactly-once mode, committed). The gate may hold the stream below it.
 func (p *Pipeline) Confirmed() pglogrepl.LSN { return p.wm.Confirmed() }
 
 // Done is closed when Run has returned.
@@ -142,15 +161,12 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 		begin    replication.Begin
 		skipping bool
 		tick     <-chan time.Time
-		cpAcks   chan *kafka.Record
+		cpAcks   = p.mode.checkpointAcks()
 	)
-	if p.cp != nil {
-		t := time.NewTicker(p.cfg.CheckpointInterval)
+	if d := p.mode.interval(); d > 0 {
+		t := time.NewTicker(d)
 		defer t.Stop()
 		tick = t.C
-		if !p.eos() {
-			cpAcks = p.cp.acks
-		}
 	}
 	for {
 		if len(p.pending) > 0 && p.lim.streamWaiting() {
@@ -167,12 +183,12 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 		case <-p.lim.wanted:
 			continue // see above
 		case <-tick:
-			if err := p.tick(ctx); err != nil {
+			if err := p.mode.tick(ctx); err != nil {
 				return err
 			}
 			continue
 		case r := <-cpAcks:
-			if err := p.checkpointAcked(r); err != nil {
+			if err := p.mode.checkpointAcked(r); err != nil {
 				return err
 			}
 			continue
@@ -183,13 +199,13 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			if err := p.drain(ctx); err != nil {
 				return err
 			}
-			return p.finalCheckpoint(ctx)
+			return p.mode.finish(ctx)
 		}
 		switch m.Kind {
 		case replication.KindBegin:
 			cur = p.wm.Begin(m.Begin.CommitTime)
 			begin = m.Begin
-			skipping = p.skip(m.Begin)
+			skipping = p.mode.skip(m.Begin)
 		case replication.KindEvent:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: event outside a transaction", replication.ErrProtocol)
@@ -210,7 +226,6 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			if err := p.produce(ctx, cur, &m); err != nil {
 				return err
 			}
-			p.produced()
 		case replication.KindBad:
 			if cur == nil {
 				return fmt.Errorf("publisher: %w: bad event outside a transaction", replication.ErrProtocol)
@@ -236,18 +251,8 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			p.wm.Commit(cur, m.Commit.EndLSN)
 			cur = nil
 			p.m.ReceivedLSN.Set(float64(m.Commit.EndLSN))
-			if !skipping {
-				if err := p.committed(ctx, begin, m.Commit, len(in) > 0); err != nil {
-					return err
-				}
-			}
-			if cpAcks != nil {
-				// At-least-once: checkpoint as soon as the stream wants more
-				// (one record in flight at a time), which keeps what a
-				// crash re-sends small.
-				if err := p.tick(ctx); err != nil {
-					return err
-				}
+			if err := p.mode.committed(ctx, begin, m.Commit, len(in) > 0, skipping); err != nil {
+				return err
 			}
 		}
 	}
@@ -260,9 +265,7 @@ const maxPending = 512
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
 	r := outbox.NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
 	r.Meta = t
-	if p.cp != nil {
-		p.cp.noteRecord(r)
-	}
+	p.mode.prepare(r)
 	size := recordCost(r)
 	if m.Budgeted > 0 {
 		// The stream took room for the decoded event; the record holds it
@@ -282,6 +285,7 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 	p.m.InFlightEvents.Inc()
 	p.m.InFlightBytes.Add(float64(size))
 	p.pending = append(p.pending, r)
+	p.mode.produced(r)
 	if len(p.pending) >= maxPending {
 		return p.flush(ctx)
 	}
@@ -292,12 +296,6 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 // and the fixed cost of an event (replication.EventOverhead).
 func recordCost(r *kafka.Record) int64 {
 	return int64(r.Size()) + replication.EventOverhead
-}
-
-// batchSender is a Producer that takes several records at once, so that a
-// transaction's records share requests (kafka.Producer).
-type batchSender interface {
-	SendBatch(ctx context.Context, rs []*kafka.Record) error
 }
 
 // flush hands the held-back records to the producer. The records of a
@@ -315,8 +313,8 @@ func (p *Pipeline) flush(ctx context.Context) error {
 	}
 	rs := p.pending
 	p.pending = nil
-	if bs, ok := p.prod.(batchSender); ok {
-		return bs.SendBatch(ctx, rs)
+	if p.batch != nil {
+		return p.batch.SendBatch(ctx, rs)
 	}
 	for _, r := range rs {
 		if err := p.prod.Send(ctx, r); err != nil {
@@ -373,7 +371,10 @@ func (p *Pipeline) ackLoop(ctx context.Context) {
 
 // handleResult accounts for one record back from Kafka.
 func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
-	t := r.Meta.(*txn)
+	t, ok := r.Meta.(*txn)
+	if !ok {
+		return fmt.Errorf("publisher: %w: the producer returned a record this pipeline did not send (outbox id %d, topic %q)", replication.ErrProtocol, r.OutboxID, r.Topic)
+	}
 	size := recordCost(r)
 	if r.Err != nil {
 		if !errors.Is(r.Err, kafka.ErrPoison) {
@@ -403,7 +404,7 @@ func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 			p.m.ObserveLatency(t.commitTime)
 		}
 	}
-	p.acked(t)
+	p.mode.acked(t)
 	p.lim.release(size)
 	if !p.progressed.Load() {
 		p.progressed.Store(true)

@@ -24,10 +24,13 @@ type Source interface {
 	System() (systemID string, timeline int32, database string, databaseOID uint32)
 	// Slot is the slot's name.
 	Slot() string
-	// Run delivers messages to out and closes it when it stops reading
-	// (ctx cancelled or failure); it keeps confirming progress.Confirmed()
-	// until progress.Done() is closed.
-	Run(ctx context.Context, out chan<- replication.Message, progress replication.Progress) error
+	// BackendPID is the server process of the replication connection.
+	BackendPID() int
+	// RunGated delivers messages to out and closes it when it stops
+	// reading (ctx cancelled or failure); it keeps confirming what gate
+	// says may be confirmed until gate.Done() is closed, and takes room
+	// from budget for every event it hands over.
+	RunGated(ctx context.Context, out chan<- replication.Message, gate replication.Gate, budget replication.Budget) error
 	Close()
 }
 
@@ -148,9 +151,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		return false, fmt.Errorf("%w: %w", errSourceOpen, err)
 	}
 	defer src.Close()
-	if p, ok := src.(interface{ BackendPID() int }); ok {
-		s.lastPID = p.BackendPID()
-	}
+	s.lastPID = src.BackendPID()
 
 	sysID, timeline, db, dbOID := src.System()
 	id := Identity{SystemID: sysID, Timeline: timeline, Database: db, DatabaseOID: dbOID, Slot: src.Slot()}
@@ -241,7 +242,13 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 	}
 
 	pl := NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
-	pl.cp = cp
+	if cp != nil {
+		if err := pl.useCheckpoints(cp); err != nil {
+			prod.Close()
+			drainResults(prod)
+			return progressed, err
+		}
+	}
 	s.m.ConfirmedLSN.Set(float64(src.StartLSN()))
 
 	// Cancelling readCtx stops reading from the slot (a stop, or a failed
@@ -252,7 +259,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 
 	out := make(chan replication.Message, 1024)
 	streamErr := make(chan error, 1)
-	go func() { streamErr <- src.Run(readCtx, out, pl) }()
+	go func() { streamErr <- src.RunGated(readCtx, out, pl.Gate(), pl) }()
 	s.sup.Running()
 
 	plErr := pl.Run(hardCtx, out)
@@ -263,7 +270,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 			s.sup.NotRunning()
 		}
 	}
-	if err := s.abortOpenTxn(prod); err != nil {
+	if err := pl.mode.abort(); err != nil {
 		prod.Close()
 		drainResults(prod)
 		<-streamErr
@@ -313,25 +320,6 @@ func (s *Service) recordRefusal(ctx context.Context, prod Producer, id Identity,
 	cp.Refused = e.Error()
 	id.Timeline = cp.Timeline
 	return WriteCheckpoint(ctx, prod, s.cfg, id, cp)
-}
-
-// abortOpenTxn aborts, in exactly-once mode, the Kafka transaction a
-// session leaves open (a clean stop commits it first: nothing to abort).
-// The abort is also how a zombie learns it was fenced — another instance
-// took the slot over while it was frozen — and then it stops for good
-// instead of waiting as a standby. Other abort failures are left to the
-// next producer, whose InitProducerId aborts the transaction anyway.
-func (s *Service) abortOpenTxn(prod Producer) error {
-	a, ok := prod.(interface{ Abort(context.Context) error })
-	if !ok || s.cfg.Delivery != ExactlyOnce {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := a.Abort(ctx); errors.Is(err, kafka.ErrFenced) {
-		return fmt.Errorf("publisher: this instance was fenced: another outboxd took the slot over and publishes now; stopping without confirming anything: %w", err)
-	}
-	return nil
 }
 
 // drainResults waits for a closed producer to hand back what it had in

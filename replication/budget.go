@@ -9,8 +9,7 @@ import (
 
 // Budget bounds the bytes of decoded events that are out of the stream's
 // hands and not yet done downstream: handed over on the channel, held by the
-// consumer, queued or in flight to Kafka. A Progress that implements it is
-// asked for room before each event is handed over, so that a channel of
+// consumer, queued or in flight to Kafka. The stream asks it for room before each event is handed over, so that a channel of
 // messages never holds more bytes than the budget allows, whatever the
 // events' size (issue 21). While there is none, the stream stops reading
 // from the server and keeps sending status updates.
@@ -34,7 +33,7 @@ const EventOverhead = outbox.EventOverhead
 // it reads nothing more from the server (that is the point: the bytes wait
 // in the server's WAL, not in memory) and keeps sending status updates, as
 // deliver does while out is full.
-func (s *Stream) acquire(ctx context.Context, b Budget, n int64, progress Progress, st *streamState) error {
+func (s *Stream) acquire(ctx context.Context, b Budget, n int64, gate Gate, st *streamState) error {
 	if b.TryAcquire(n) {
 		return nil
 	}
@@ -52,10 +51,10 @@ func (s *Stream) acquire(ctx context.Context, b Budget, n int64, progress Progre
 			}
 		case <-stop:
 			return errStopped
-		case <-progress.Done():
+		case <-gate.Done():
 			return errStopped
 		case <-timer.C:
-			if err := s.sendStatus(st, progress, false); err != nil {
+			if err := s.sendStatus(st, gate, false); err != nil {
 				return err
 			}
 			timer.Reset(s.cfg.StatusInterval)

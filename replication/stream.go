@@ -15,24 +15,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// Progress is what the stream needs from whoever consumes its messages.
-type Progress interface {
-	// Confirmed is the end LSN of the last transaction whose events are all
-	// durable downstream (the contiguous done prefix). It only moves forward.
-	Confirmed() pglogrepl.LSN
-	// Done is closed when the consumer will read no more messages: it drained
-	// what it had, or it gave up.
-	Done() <-chan struct{}
-}
-
-// Checkpointer is implemented by a Progress whose positions must be
-// recorded downstream before the server may forget them (outboxd's
-// checkpoint): Checkpointed is told the position the stream would confirm
-// and returns how much of it is recorded; the stream confirms that.
-type Checkpointer interface {
-	Checkpointed(want pglogrepl.LSN) pglogrepl.LSN
-}
-
 // Stream owns one replication connection. Exactly one goroutine — the one
 // calling Run — uses the connection, for receiving and for status updates
 // alike: writing status updates from a second goroutine while another
@@ -223,12 +205,13 @@ func slotInUse(slot, msg string) error {
 	return e
 }
 
-// Run receives, decodes and delivers outbox messages to out, in commit order,
-// until ctx is cancelled or the connection fails. It closes out when it stops
-// reading.
+// RunGated receives, decodes and delivers outbox messages to out, in commit
+// order, until ctx is cancelled or the connection fails. It closes out when
+// it stops reading. Every status update confirms what gate says may be
+// confirmed; budget (nil: none) bounds the bytes of events handed over.
 //
 // Cancelling ctx stops reading at the next transaction boundary, not the
-// stream: Run keeps sending status updates until progress.Done() is closed,
+// stream: it keeps sending status updates until gate.Done() is closed,
 // so the last acknowledgements still reach the server, then sends a final
 // update and returns nil. Standby status
 // updates flow every StatusInterval, when the server asks, and while out is
@@ -238,9 +221,9 @@ func slotInUse(slot, msg string) error {
 // Run returns an error wrapping ErrServerSilent when the server sends
 // nothing for StreamConfig.ServerTimeout of waiting for it; time blocked on
 // a full out does not count.
-func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress) error {
-	st := &streamState{received: s.start, lastCommitEnd: s.start}
-	err := s.receive(ctx, out, progress, st)
+func (s *Stream) RunGated(ctx context.Context, out chan<- Message, gate Gate, budget Budget) error {
+	st := &streamState{received: s.start, lastCommitEnd: s.start, budget: budget}
+	err := s.receive(ctx, out, gate, st)
 	close(out)
 	if errors.Is(err, errStopped) {
 		err = nil
@@ -253,10 +236,10 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress)
 	defer ticker.Stop()
 	for {
 		select {
-		case <-progress.Done():
-			return s.sendStatus(st, progress, false)
+		case <-gate.Done():
+			return s.sendStatus(st, gate, false)
 		case <-ticker.C:
-			if err := s.sendStatus(st, progress, false); err != nil {
+			if err := s.sendStatus(st, gate, false); err != nil {
 				return err
 			}
 		}
@@ -265,6 +248,7 @@ func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress)
 
 // streamState is owned by the Run goroutine.
 type streamState struct {
+	budget        Budget        // nil: none
 	received      pglogrepl.LSN // highest position received
 	serverWALEnd  pglogrepl.LSN // from the last keepalive
 	lastCommitEnd pglogrepl.LSN // end LSN of the last Commit delivered
@@ -282,8 +266,8 @@ type streamState struct {
 // transaction is done and none is open, everything the server sent before its
 // last keepalive is accounted for, so the keepalive's WAL end can be
 // confirmed: an idle outbox then never pins WAL while other tables write.
-func (st *streamState) flushPosition(progress Progress) pglogrepl.LSN {
-	confirmed := progress.Confirmed()
+func (st *streamState) flushPosition(gate Gate) pglogrepl.LSN {
+	confirmed := gate.Confirmed()
 	if !st.inTxn && confirmed >= st.lastCommitEnd && st.serverWALEnd > confirmed {
 		return st.serverWALEnd
 	}
@@ -292,11 +276,8 @@ func (st *streamState) flushPosition(progress Progress) pglogrepl.LSN {
 
 // sendStatus sends a standby status update; ping asks the server to answer
 // at once with a keepalive.
-func (s *Stream) sendStatus(st *streamState, progress Progress, ping bool) error {
-	flush := st.flushPosition(progress)
-	if c, ok := progress.(Checkpointer); ok {
-		flush = c.Checkpointed(flush)
-	}
+func (s *Stream) sendStatus(st *streamState, gate Gate, ping bool) error {
+	flush := gate.Confirmable(st.flushPosition(gate))
 	if flush < st.lastFlush {
 		// Never confirm backwards (after an idle confirm, the consumer's
 		// position is below it until its next commit): PostgreSQL stores a
@@ -328,8 +309,8 @@ func (s *Stream) sendStatus(st *streamState, progress Progress, ping bool) error
 	return nil
 }
 
-func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progress, st *streamState) error {
-	if err := s.sendStatus(st, progress, false); err != nil {
+func (s *Stream) receive(ctx context.Context, out chan<- Message, gate Gate, st *streamState) error {
+	if err := s.sendStatus(st, gate, false); err != nil {
 		return err
 	}
 	var readDeadline time.Time // as last set on the socket
@@ -343,7 +324,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			return nil
 		}
 		select {
-		case <-progress.Done():
+		case <-gate.Done():
 			return nil // the consumer is gone (failed, or out of time)
 		default:
 		}
@@ -367,7 +348,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			// It sends keepalives of its own only when it has not heard
 			// from us for wal_sender_timeout/2, which our status updates
 			// never let happen.
-			if err := s.sendStatus(st, progress, true); err != nil {
+			if err := s.sendStatus(st, gate, true); err != nil {
 				return err
 			}
 			st.pinged = true
@@ -377,13 +358,13 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 			ping = silence
 		}
 		due := st.lastStatus.Add(s.cfg.StatusInterval)
-		if progress.Confirmed() > st.lastFlush && now.Sub(st.lastStatus) >= eagerStatusGap {
+		if gate.Confirmed() > st.lastFlush && now.Sub(st.lastStatus) >= eagerStatusGap {
 			// The watermark moved: tell the server soon rather than at the
 			// next interval, which shrinks what a crash would send again.
 			due = now
 		}
 		if !now.Before(due) {
-			if err := s.sendStatus(st, progress, false); err != nil {
+			if err := s.sendStatus(st, gate, false); err != nil {
 				return err
 			}
 			continue
@@ -416,7 +397,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 		got = true
 		switch msg := raw.(type) {
 		case *pgproto3.CopyData:
-			if err := s.handleCopyData(ctx, msg.Data, out, progress, st); err != nil {
+			if err := s.handleCopyData(ctx, msg.Data, out, gate, st); err != nil {
 				return err
 			}
 		case *pgproto3.ErrorResponse:
@@ -429,7 +410,7 @@ func (s *Stream) receive(ctx context.Context, out chan<- Message, progress Progr
 	}
 }
 
-func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Message, progress Progress, st *streamState) error {
+func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Message, gate Gate, st *streamState) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty CopyData", ErrProtocol)
 	}
@@ -446,7 +427,7 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 			st.received = ka.ServerWALEnd
 		}
 		if ka.ReplyRequested {
-			return s.sendStatus(st, progress, false)
+			return s.sendStatus(st, gate, false)
 		}
 		return nil
 	case pglogrepl.XLogDataByteID:
@@ -479,7 +460,7 @@ func (s *Stream) handleCopyData(ctx context.Context, data []byte, out chan<- Mes
 		if m.Kind == KindBegin {
 			m.Begin.Received = time.Now()
 		}
-		if err := s.deliver(ctx, out, m, progress, st); err != nil {
+		if err := s.deliver(ctx, out, m, gate, st); err != nil {
 			return err
 		}
 		// Only what was delivered counts as in flight.
@@ -502,13 +483,13 @@ var errStopped = errors.New("replication: stopped")
 
 // deliver hands m to the consumer, sending status updates while it waits:
 // first for room in the consumer's Budget (an event), then for room in out.
-func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, progress Progress, st *streamState) error {
-	if b, ok := progress.(Budget); ok && (m.Kind == KindEvent || m.Kind == KindBad) {
+func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, gate Gate, st *streamState) error {
+	if b := st.budget; b != nil && (m.Kind == KindEvent || m.Kind == KindBad) {
 		n := m.Event.Size()
 		if m.Kind == KindBad {
 			n = m.Bad.Size()
 		}
-		if err := s.acquire(ctx, b, n, progress, st); err != nil {
+		if err := s.acquire(ctx, b, n, gate, st); err != nil {
 			return err
 		}
 		m.Budgeted = n
@@ -533,11 +514,11 @@ func (s *Stream) deliver(ctx context.Context, out chan<- Message, m Message, pro
 			// Not delivered: the transaction is not confirmed and will be
 			// read again after a restart.
 			return errStopped
-		case <-progress.Done():
+		case <-gate.Done():
 			timer.Stop()
 			return errStopped
 		case <-timer.C:
-			if err := s.sendStatus(st, progress, false); err != nil {
+			if err := s.sendStatus(st, gate, false); err != nil {
 				return err
 			}
 		}

@@ -1,0 +1,204 @@
+package publisher
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/replication"
+)
+
+// checkpointing is the checkpoint state both checkpointing modes share
+// (checkpointed, transactional). The stream asks to confirm positions
+// (confirmable); what it may confirm is what the checkpoint topic holds.
+// Owned by the pipeline's reader goroutine, except the atomics.
+type checkpointing struct {
+	topic string
+	id    Identity
+	// skipBelow: transactions whose commit record starts before it are
+	// already in Kafka (the checkpoint says so): skipped, not re-published.
+	skipBelow pglogrepl.LSN
+	skipped   int
+	// generation and maxID go into every checkpoint record: the history
+	// generation and the highest integer outbox id produced (or carried
+	// from the checkpoint read at start). origin is the origin header.
+	generation int
+	maxID      atomic.Int64
+	origin     []byte
+	// lastCommit is the commit time (unix ns) of the last transaction with
+	// events read, for checkpoints that name no transaction of their own.
+	lastCommit atomic.Int64
+
+	want    atomic.Uint64 // the highest position the stream wanted to confirm
+	covered atomic.Uint64 // the highest position the checkpoint topic holds
+
+	acks chan *kafka.Record // the checkpoint records back (Record.Done)
+}
+
+func newCheckpointing(topic string, id Identity, cp *Checkpoint, start pglogrepl.LSN) *checkpointing {
+	c := &checkpointing{topic: topic, id: id, acks: make(chan *kafka.Record, 1)}
+	covered := start
+	if cp != nil {
+		c.skipBelow = cp.EndLSN
+		covered = max(covered, cp.EndLSN)
+		c.generation = cp.Generation
+		c.maxID.Store(cp.MaxOutboxID)
+		if !cp.CommitTime.IsZero() {
+			c.lastCommit.Store(cp.CommitTime.UnixNano())
+		}
+	}
+	c.origin = []byte(id.Origin(c.generation))
+	c.covered.Store(uint64(covered))
+	return c
+}
+
+// stamp adds what every checkpoint record carries forward.
+func (c *checkpointing) stamp(cp Checkpoint) Checkpoint {
+	cp.Generation, cp.MaxOutboxID = c.generation, c.maxID.Load()
+	if cp.CommitTime.IsZero() {
+		if ns := c.lastCommit.Load(); ns != 0 {
+			cp.CommitTime = time.Unix(0, ns).UTC()
+		}
+	}
+	return cp
+}
+
+// noteID remembers an event's id for MaxOutboxID.
+func (c *checkpointing) noteID(r *kafka.Record) {
+	if r.OutboxID > c.maxID.Load() {
+		c.maxID.Store(r.OutboxID)
+	}
+}
+
+// prepare adds the origin header, when this shape sends it.
+func (c *checkpointing) prepare(r *kafka.Record) {
+	if c.origin != nil {
+		r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: c.origin})
+	}
+}
+
+// confirmable lets the stream confirm want only as far as the checkpoint
+// topic holds it, and remembers want for the next checkpoint (tick).
+func (c *checkpointing) confirmable(want pglogrepl.LSN) pglogrepl.LSN {
+	for {
+		old := c.want.Load()
+		if uint64(want) <= old || c.want.CompareAndSwap(old, uint64(want)) {
+			break
+		}
+	}
+	return min(want, pglogrepl.LSN(c.covered.Load()))
+}
+
+// skipBefore reports whether a transaction beginning with b is already in
+// Kafka.
+func (c *checkpointing) skipBefore(b replication.Begin, log *zap.Logger) bool {
+	if b.FinalLSN >= c.skipBelow {
+		return false
+	}
+	c.skipped++
+	if c.skipped == 1 {
+		log.Info("skipping transactions the checkpoint says are in Kafka already",
+			zap.Stringer("checkpoint", c.skipBelow))
+	}
+	return true
+}
+
+// noteCommitTime remembers the commit time of a transaction read.
+func (c *checkpointing) noteCommitTime(t time.Time) {
+	if !t.IsZero() {
+		c.lastCommit.Store(t.UnixNano())
+	}
+}
+
+// wanted is the highest position the stream wanted to confirm and the
+// checkpoint topic does not hold yet (ok false: none).
+func (c *checkpointing) wanted() (pglogrepl.LSN, bool) {
+	want := pglogrepl.LSN(c.want.Load())
+	return want, want > pglogrepl.LSN(c.covered.Load())
+}
+
+// send sends a checkpoint record; its acknowledgement comes back on acks
+// (written).
+func (c *checkpointing) send(ctx context.Context, prod Producer, cp Checkpoint) error {
+	r, err := checkpointRecord(c.topic, c.id, c.stamp(cp))
+	if err != nil {
+		return err
+	}
+	r.Done = c.acks
+	return prod.Send(ctx, r)
+}
+
+// written waits for the acknowledgement of the checkpoint sent.
+func (c *checkpointing) written(ctx context.Context, cp Checkpoint) error {
+	select {
+	case r := <-c.acks:
+		if r.Err != nil {
+			return fmt.Errorf("publisher: write checkpoint %s to %q: %w", cp.EndLSN, c.topic, r.Err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// write sends a checkpoint record and waits for its acknowledgement.
+func (c *checkpointing) write(ctx context.Context, prod Producer, cp Checkpoint) error {
+	if err := c.send(ctx, prod, cp); err != nil {
+		return err
+	}
+	return c.written(ctx, cp)
+}
+
+// resetCheckpoint writes a checkpoint at the slot's position, before the
+// session streams: the gap before it was accepted. prev's id high mark and
+// generation carry over.
+func resetCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, at pglogrepl.LSN, prev *Checkpoint) error {
+	cp := Checkpoint{EndLSN: at}
+	if prev != nil {
+		cp.MaxOutboxID, cp.Generation = prev.MaxOutboxID, prev.Generation
+	}
+	return WriteCheckpoint(ctx, prod, cfg, id, cp)
+}
+
+// WriteCheckpoint writes cp as id's checkpoint and waits for it (and, in
+// exactly-once mode, commits it, so prod must be Transactional then):
+// outboxd checkpoint reset.
+func WriteCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, cp Checkpoint) error {
+	at := cp.EndLSN
+	var tp Transactional
+	if cfg.Delivery == ExactlyOnce {
+		var ok bool
+		if tp, ok = prod.(Transactional); !ok {
+			return fmt.Errorf("publisher: exactly-once checkpoints need a transactional producer (Commit, Abort), got %T", prod)
+		}
+	}
+	r, err := checkpointRecord(cfg.CheckpointTopic, id, cp)
+	if err != nil {
+		return err
+	}
+	done := make(chan *kafka.Record, 1)
+	r.Done = done
+	if err := prod.Send(ctx, r); err != nil {
+		return err
+	}
+	select {
+	case r := <-done:
+		if r.Err != nil {
+			return fmt.Errorf("publisher: reset the checkpoint to %s: %w", at, r.Err)
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if tp != nil {
+		if err := tp.Commit(ctx); err != nil {
+			return fmt.Errorf("publisher: commit the checkpoint reset to %s: %w", at, err)
+		}
+	}
+	return nil
+}
