@@ -29,7 +29,7 @@ import (
 // ErrFenced means another producer with the same transactional id took over
 // (PRODUCER_FENCED): this process is a zombie and must stop without
 // confirming anything.
-var ErrFenced = errors.New("kafka: fenced by a newer producer with the same transactional id")
+var ErrFenced = &haltError{"kafka: fenced by a newer producer with the same transactional id"}
 
 // ErrTxnFailed means a record of the transaction failed: it cannot commit.
 var ErrTxnFailed = errors.New("kafka: transaction failed")
@@ -49,7 +49,7 @@ var ErrTxnLost = errors.New("kafka: the transaction coordinator dropped this pro
 // transactions at the first PostgreSQL commit after --kafka-txn-max-age, so
 // this happens only when what must be published atomically takes longer than
 // the timeout: publishing it again would time out again. The service halts.
-var ErrTxnTimeout = errors.New("kafka: transaction timed out")
+var ErrTxnTimeout = &haltError{"kafka: transaction timed out"}
 
 // TxnTimeoutError is ErrTxnTimeout with what is needed to fix it.
 type TxnTimeoutError struct {

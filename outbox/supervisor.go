@@ -36,8 +36,6 @@ type SupervisorConfig struct {
 	StandbyPollInterval time.Duration
 	// ShutdownTimeout bounds a session's drain after a graceful stop.
 	ShutdownTimeout time.Duration
-	// Fatal reports the errors a restart cannot fix; Run returns them.
-	Fatal func(error) bool
 	// Cause names an error's restart cause for the log and for the
 	// outboxd_pipeline_restarts_total{cause} metric.
 	Cause func(error) string
@@ -84,9 +82,6 @@ func NewSupervisor(cfg SupervisorConfig, log *zap.Logger, m *Metrics) *Superviso
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	if cfg.Fatal == nil {
-		cfg.Fatal = func(error) bool { return false }
-	}
 	if cfg.Cause == nil {
 		cfg.Cause = func(error) string { return "other" }
 	}
@@ -131,7 +126,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				// A failure while finishing: never dropped silently.
-				if s.cfg.Fatal(err) {
+				if Halts(err) {
 					s.log.Error("halting", zap.Error(err))
 					return err
 				}
@@ -158,7 +153,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 				return nil
 			}
 			continue
-		case s.cfg.Fatal(err):
+		case Halts(err):
 			s.log.Error("halting", zap.Error(err))
 			return err
 		}

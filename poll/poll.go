@@ -74,7 +74,6 @@ func New(cfg Config, log *zap.Logger, m *Metrics, deps Deps) (*Poller, error) {
 		RestartBackoffMax:   cfg.RestartBackoffMax,
 		StandbyPollInterval: time.Second, // a poller is never a standby
 		ShutdownTimeout:     cfg.ShutdownTimeout,
-		Fatal:               isFatal,
 		Cause:               restartCause,
 	}, log, m.Metrics)
 	return p, nil
@@ -101,10 +100,6 @@ func restartCause(err error) string {
 	default:
 		return "postgres"
 	}
-}
-
-func isFatal(err error) bool {
-	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, ErrSchema) || errors.Is(err, ErrBadRow)
 }
 
 var (

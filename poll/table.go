@@ -2,7 +2,6 @@ package poll
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -12,12 +11,12 @@ import (
 // ErrSchema means the outbox table cannot be polled as it is: missing, or a
 // column missing or of a type outboxd cannot map the way CDC does. Restarting
 // does not help; the service halts.
-var ErrSchema = errors.New("outbox table not pollable")
+var ErrSchema = &haltingError{"outbox table not pollable"}
 
 // ErrBadRow means a row holds a value CDC would refuse as well (a NULL
 // aggregate id or payload, a timestamp out of range). The service halts, as
 // CDC does, so the row is looked at rather than skipped.
-var ErrBadRow = errors.New("bad outbox row")
+var ErrBadRow = &haltingError{"bad outbox row"}
 
 // haltError is a message that wraps ErrSchema or ErrBadRow without
 // repeating its text.
@@ -154,3 +153,12 @@ func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*ta
 	}
 	return t, nil
 }
+
+// haltingError is a sentinel error a restart cannot fix; it says so (Halts),
+// so that the supervisor halts instead of restarting (outbox.Halts).
+type haltingError struct{ msg string }
+
+func (e *haltingError) Error() string { return e.msg }
+
+// Halts implements outbox.Halts.
+func (e *haltingError) Halts() bool { return true }

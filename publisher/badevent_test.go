@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -34,7 +35,7 @@ func TestPipelineBadEventHaltsNamingTheSkip(t *testing.T) {
 	if got := h.p.Confirmed(); got != 1000 {
 		t.Fatalf("confirmed %s past a bad event", got)
 	}
-	if !isFatal(err) {
+	if !outbox.Halts(err) {
 		t.Fatal("a bad event without a dead-letter topic must halt, not restart")
 	}
 }

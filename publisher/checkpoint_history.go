@@ -1,7 +1,6 @@
 package publisher
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -16,7 +15,7 @@ import (
 // promotion of a standby that had not received everything): outboxd refuses
 // to stream rather than skip what the checkpoint says is in Kafka. A
 // *RewindError wraps it.
-var ErrRewind = errors.New("the database went back in time")
+var ErrRewind = &haltError{"the database went back in time"}
 
 // ResetCommand is what an operator runs after a rewind.
 const ResetCommand = "outboxd checkpoint reset --to-current-history"

@@ -90,7 +90,6 @@ func NewService(cfg Config, log *zap.Logger, m *outbox.Metrics, deps Deps) *Serv
 		RestartBackoffMax:   cfg.RestartBackoffMax,
 		StandbyPollInterval: cfg.StandbyPollInterval,
 		ShutdownTimeout:     cfg.ShutdownTimeout,
-		Fatal:               isFatal,
 		Cause:               restartCause,
 	}, log, m)
 	return s
@@ -107,14 +106,6 @@ func (s *Service) State() outbox.State { return s.sup.State() }
 // or a fatal error: a poison event without a dead-letter topic, a missing
 // slot, or an outbox table the decoder cannot read.
 func (s *Service) Run(ctx context.Context) error { return s.sup.Run(ctx, s.session) }
-
-func isFatal(err error) bool {
-	return errors.Is(err, kafka.ErrPoison) || errors.Is(err, kafka.ErrFenced) || errors.Is(err, ErrGap) || errors.Is(err, ErrRewind) ||
-		errors.Is(err, kafka.ErrTxnTimeout) || errors.Is(err, kafka.ErrNotAuthorized) ||
-		errors.Is(err, replication.ErrSlotMissing) || errors.Is(err, replication.ErrSlotLost) ||
-		errors.Is(err, replication.ErrMissingColumn) || errors.Is(err, replication.ErrMessageKey) ||
-		errors.Is(err, replication.ErrBadValue)
-}
 
 func restartCause(err error) string {
 	switch {
@@ -145,7 +136,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 			s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
 			return false, fmt.Errorf("%w: %w", outbox.ErrRetrySoon, err)
 		}
-		if errors.Is(err, replication.ErrSlotInUse) || isFatal(err) {
+		if errors.Is(err, replication.ErrSlotInUse) || outbox.Halts(err) {
 			return false, err
 		}
 		return false, fmt.Errorf("%w: %w", errSourceOpen, err)
@@ -283,7 +274,7 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 		return progressed, plErr
 	}
 	if sErr != nil {
-		if isFatal(sErr) {
+		if outbox.Halts(sErr) {
 			return progressed, sErr
 		}
 		return progressed, fmt.Errorf("%w: %w", errSource, sErr)

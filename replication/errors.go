@@ -17,7 +17,7 @@ var (
 	ErrSlotMissing = slot.ErrSlotMissing
 	// ErrSlotLost means the slot was invalidated: the WAL it needed is gone,
 	// so events after its position cannot be read any more.
-	ErrSlotLost = errors.New("replication slot lost")
+	ErrSlotLost = &haltError{"replication slot lost"}
 	// ErrStreamEnded means the server ended the replication stream.
 	ErrStreamEnded = errors.New("replication stream ended")
 )
@@ -50,10 +50,10 @@ var (
 	// message described.
 	ErrUnknownRelation = errors.New("replication: unknown relation")
 	// ErrMissingColumn reports an outbox table that lacks a required column.
-	ErrMissingColumn = errors.New("replication: missing column")
+	ErrMissingColumn = &haltError{"replication: missing column"}
 	// ErrBadValue reports an outbox row with a value that cannot become an
 	// Event (a NULL id, an unparsable created_at, ...).
-	ErrBadValue = errors.New("replication: bad value")
+	ErrBadValue = &haltError{"replication: bad value"}
 )
 
 // DecodeError is returned by Decode for a message it cannot interpret. It
@@ -121,9 +121,18 @@ func (e *ColumnTypeError) Unwrap() error { return ErrColumnType }
 // cannot authenticate them: the key table (migration 007) is missing or
 // unreadable for outboxd's role. Reading on would skip every real event as
 // forged, so the service stops with the fix.
-var ErrMessageKey = errors.New("outbox_emit key unavailable")
+var ErrMessageKey = &haltError{"outbox_emit key unavailable"}
 
 // ErrServerSilent means the server sent nothing, not even a keepalive when
 // asked for one, for StreamConfig.ServerTimeout: the connection is half-open
 // or the server stopped. Run returns it so that the caller restarts.
 var ErrServerSilent = errors.New("replication server silent")
+
+// haltError is a sentinel error a restart cannot fix; it says so (Halts),
+// so that the supervisor halts instead of restarting (outbox.Halts).
+type haltError struct{ msg string }
+
+func (e *haltError) Error() string { return e.msg }
+
+// Halts implements outbox.Halts.
+func (e *haltError) Halts() bool { return true }

@@ -32,7 +32,7 @@ var (
 	// no longer stream.
 	ErrSlotLost = errors.New("replication slot lost")
 	// ErrSlotMissing: the slot does not exist (and was not to be created).
-	ErrSlotMissing = errors.New("replication slot missing")
+	ErrSlotMissing = &haltError{"replication slot missing"}
 	// ErrPublicationMissing: the publication does not exist, and either it
 	// was not to be created or the slot already exists (a slot older than
 	// its publication cannot decode; see Ensure).
@@ -67,3 +67,12 @@ func (e *Error) Unwrap() error { return e.Err }
 func newError(sentinel error, msg string) *Error {
 	return &Error{Err: sentinel, Msg: msg}
 }
+
+// haltError is a sentinel error a restart cannot fix; it says so (Halts),
+// so that the supervisor halts instead of restarting (outbox.Halts).
+type haltError struct{ msg string }
+
+func (e *haltError) Error() string { return e.msg }
+
+// Halts implements outbox.Halts.
+func (e *haltError) Halts() bool { return true }
