@@ -128,18 +128,9 @@ var (
 
 // session is one pipeline run: open the slot, open the producer, stream.
 func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err error) {
-	src, err := s.deps.OpenSource(ctx)
+	src, err := s.openSource(ctx)
 	if err != nil {
-		var inUse *replication.SlotInUseError
-		if errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID {
-			// Our own previous walsender has not exited yet: not a standby.
-			s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
-			return false, fmt.Errorf("%w: %w", outbox.ErrRetrySoon, err)
-		}
-		if errors.Is(err, replication.ErrSlotInUse) || outbox.Halts(err) {
-			return false, err
-		}
-		return false, fmt.Errorf("%w: %w", errSourceOpen, err)
+		return false, err
 	}
 	defer src.Close()
 	s.lastPID = src.BackendPID()
@@ -152,94 +143,91 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 	prod, err := s.deps.NewProducer(id)
 	if err != nil {
 		if errors.Is(err, kafka.ErrFenced) {
-			return progressed, err
+			return false, err
 		}
-		return progressed, fmt.Errorf("%w: %w", errProducerOpen, err)
+		return false, fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
+	pl, closeDeps, err := s.newPipeline(ctx, src, prod, id)
+	if err != nil {
+		prod.Close()
+		drainResults(prod)
+		return false, err
+	}
+	defer closeDeps()
+	return s.stream(ctx, hardCtx, src, prod, pl)
+}
+
+// openSource connects to the slot. Our own previous walsender still
+// holding it is retried soon, not waited for as a standby.
+func (s *Service) openSource(ctx context.Context) (Source, error) {
+	src, err := s.deps.OpenSource(ctx)
+	if err == nil {
+		return src, nil
+	}
+	var inUse *replication.SlotInUseError
+	if errors.As(err, &inUse) && inUse.PID != 0 && inUse.PID == s.lastPID {
+		// Our own previous walsender has not exited yet: not a standby.
+		s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
+		return nil, fmt.Errorf("%w: %w", outbox.ErrRetrySoon, err)
+	}
+	if errors.Is(err, replication.ErrSlotInUse) || outbox.Halts(err) {
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: %w", errSourceOpen, err)
+}
+
+// newPipeline builds the session's pipeline: its delivery mode (from the
+// checkpoint, when checkpoints are on), dead-letterer and hook. closeDeps
+// closes the last two; on an error they are closed already.
+func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id Identity) (pl *Pipeline, closeDeps func(), err error) {
+	var closers []io.Closer
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i].Close()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
 	var cp *checkpointing
 	if s.deps.ReadCheckpoint != nil {
-		c, err := s.deps.ReadCheckpoint(ctx, id)
-		if err == nil && c != nil && c.DatabaseOID != 0 && id.DatabaseOID != 0 && c.DatabaseOID != id.DatabaseOID {
-			// A database of that name was dropped and created anew: its
-			// outbox is another one, and the checkpoint is history.
-			s.log.Info("the checkpoint is of an earlier database of the same name: starting fresh",
-				zap.Uint32("checkpoint_database_oid", c.DatabaseOID), zap.Uint32("database_oid", id.DatabaseOID))
-			c = nil
+		if cp, err = s.checkpointing(ctx, src, prod, id); err != nil {
+			return nil, nil, err
 		}
-		// The history first: a rewind is refused even with --accept-gap,
-		// which accepts a gap on the checkpoint's history only.
-		if err == nil && c != nil && s.deps.ReadHistory != nil {
-			err = s.checkHistory(ctx, c, src)
-			var rw *RewindError
-			if errors.As(err, &rw) {
-				if rerr := s.recordRefusal(ctx, prod, id, rw); rerr != nil {
-					s.log.Warn("could not record the refusal in the checkpoint", zap.Error(rerr))
-				}
-			}
-		}
-		if err == nil {
-			err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
-		}
-		if errors.Is(err, ErrGap) && s.cfg.AcceptGap {
-			// Accepted once: the checkpoint starts over at the slot, so
-			// later sessions check against it again.
-			s.log.Warn("accepting the gap (--accept-gap): the checkpoint starts over at the slot's position", zap.Error(err))
-			err = resetCheckpoint(ctx, prod, s.cfg, id, src.StartLSN(), c)
-			c = &Checkpoint{EndLSN: src.StartLSN(), MaxOutboxID: c.MaxOutboxID, Generation: c.Generation}
-			if err == nil {
-				s.cfg.AcceptGap = false
-			}
-		}
-		if err != nil {
-			prod.Close()
-			drainResults(prod)
-			if errors.Is(err, ErrGap) || errors.Is(err, ErrRewind) {
-				return progressed, err
-			}
-			return progressed, fmt.Errorf("%w: read checkpoint: %w", errProducerOpen, err)
-		}
-		if c != nil && c.EndLSN > src.StartLSN() {
-			s.log.Info("resuming from the checkpoint: transactions before it are in Kafka already and are skipped",
-				zap.Stringer("checkpoint", c.EndLSN), zap.Stringer("slot_confirmed", src.StartLSN()))
-		}
-		cp = newCheckpointing(s.cfg.CheckpointTopic, id, c, src.StartLSN())
-		if !s.cfg.Mapping.SendsOrigin() {
-			cp.origin = nil
-		}
-		s.newSlot = false
 	}
 	var dlq outbox.DeadLetterer
 	if s.deps.NewDeadLetterer != nil {
 		if dlq, err = s.deps.NewDeadLetterer(); err != nil {
-			prod.Close()
-			drainResults(prod)
-			return progressed, fmt.Errorf("%w: %w", errProducerOpen, err)
+			return nil, nil, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
 		if c, ok := dlq.(io.Closer); ok {
-			defer c.Close()
+			closers = append(closers, c)
 		}
 	}
-
 	var hook outbox.Hook
 	if s.deps.NewHook != nil {
 		if hook, err = s.deps.NewHook(ctx); err != nil {
-			prod.Close()
-			drainResults(prod)
-			return progressed, fmt.Errorf("%w: %w", outbox.ErrHook, err)
+			return nil, nil, fmt.Errorf("%w: %w", outbox.ErrHook, err)
 		}
 		if c, ok := hook.(io.Closer); ok {
-			defer c.Close()
+			closers = append(closers, c)
 		}
 	}
-
-	pl := NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
+	pl = NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
 	if cp != nil {
-		if err := pl.useCheckpoints(cp); err != nil {
-			prod.Close()
-			drainResults(prod)
-			return progressed, err
+		if err = pl.useCheckpoints(cp); err != nil {
+			return nil, nil, err
 		}
 	}
+	return pl, closeAll, nil
+}
+
+// stream runs the stream and the pipeline until the pipeline returns, then
+// ends the producer (aborting an open Kafka transaction first) and waits
+// for the stream's last status update.
+func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod Producer, pl *Pipeline) (progressed bool, err error) {
 	s.m.ConfirmedLSN.Set(float64(src.StartLSN()))
 
 	// Cancelling readCtx stops reading from the slot (a stop, or a failed
@@ -261,25 +249,76 @@ func (s *Service) session(ctx, hardCtx context.Context) (progressed bool, err er
 			s.sup.NotRunning()
 		}
 	}
-	if err := pl.mode.abort(); err != nil {
-		prod.Close()
-		drainResults(prod)
-		<-streamErr
-		return progressed, err
-	}
+	abortErr := pl.mode.abort()
 	prod.Close()
 	drainResults(prod)
 	sErr := <-streamErr
-	if plErr != nil && !errors.Is(plErr, context.Canceled) {
+	switch {
+	case abortErr != nil:
+		return progressed, abortErr
+	case plErr != nil && !errors.Is(plErr, context.Canceled):
 		return progressed, plErr
-	}
-	if sErr != nil {
-		if outbox.Halts(sErr) {
-			return progressed, sErr
-		}
+	case sErr != nil && outbox.Halts(sErr):
+		return progressed, sErr
+	case sErr != nil:
 		return progressed, fmt.Errorf("%w: %w", errSource, sErr)
 	}
 	return progressed, plErr
+}
+
+// checkpointing reads the identity's checkpoint and checks the slot against
+// it: a checkpoint not on the server's history is refused (and the refusal
+// recorded), a gap refused unless accepted. It returns the session's
+// checkpoint state.
+func (s *Service) checkpointing(ctx context.Context, src Source, prod Producer, id Identity) (*checkpointing, error) {
+	c, err := s.deps.ReadCheckpoint(ctx, id)
+	if err == nil && c != nil && c.DatabaseOID != 0 && id.DatabaseOID != 0 && c.DatabaseOID != id.DatabaseOID {
+		// A database of that name was dropped and created anew: its
+		// outbox is another one, and the checkpoint is history.
+		s.log.Info("the checkpoint is of an earlier database of the same name: starting fresh",
+			zap.Uint32("checkpoint_database_oid", c.DatabaseOID), zap.Uint32("database_oid", id.DatabaseOID))
+		c = nil
+	}
+	// The history first: a rewind is refused even with --accept-gap,
+	// which accepts a gap on the checkpoint's history only.
+	if err == nil && c != nil && s.deps.ReadHistory != nil {
+		err = s.checkHistory(ctx, c, src)
+		var rw *RewindError
+		if errors.As(err, &rw) {
+			if rerr := s.recordRefusal(ctx, prod, id, rw); rerr != nil {
+				s.log.Warn("could not record the refusal in the checkpoint", zap.Error(rerr))
+			}
+		}
+	}
+	if err == nil {
+		err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
+	}
+	if errors.Is(err, ErrGap) && s.cfg.AcceptGap {
+		// Accepted once: the checkpoint starts over at the slot, so
+		// later sessions check against it again.
+		s.log.Warn("accepting the gap (--accept-gap): the checkpoint starts over at the slot's position", zap.Error(err))
+		err = resetCheckpoint(ctx, prod, s.cfg, id, src.StartLSN(), c)
+		c = &Checkpoint{EndLSN: src.StartLSN(), MaxOutboxID: c.MaxOutboxID, Generation: c.Generation}
+		if err == nil {
+			s.cfg.AcceptGap = false
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrGap) || errors.Is(err, ErrRewind) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: read checkpoint: %w", errProducerOpen, err)
+	}
+	if c != nil && c.EndLSN > src.StartLSN() {
+		s.log.Info("resuming from the checkpoint: transactions before it are in Kafka already and are skipped",
+			zap.Stringer("checkpoint", c.EndLSN), zap.Stringer("slot_confirmed", src.StartLSN()))
+	}
+	cp := newCheckpointing(s.cfg.CheckpointTopic, id, c, src.StartLSN())
+	if !s.cfg.Mapping.SendsOrigin() {
+		cp.origin = nil
+	}
+	s.newSlot = false
+	return cp, nil
 }
 
 // checkHistory reads the server's history and checks the checkpoint is on
