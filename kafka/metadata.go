@@ -19,7 +19,7 @@ func (p *Producer) resolve(t *topicState) {
 	t.resolving = true
 	client := p.client
 	topic := t.name
-	go func() {
+	p.spawn(func() {
 		m := topicMeta{topic: topic}
 		if m.err = client.RefreshMetadata(topic); m.err == nil {
 			var ids []int32
@@ -37,7 +37,7 @@ func (p *Producer) resolve(t *topicState) {
 		case p.meta <- m:
 		case <-p.stopped:
 		}
-	}()
+	})
 }
 
 func (p *Producer) handleMeta(m topicMeta) {

@@ -76,8 +76,13 @@ type Producer struct {
 	meta    chan topicMeta
 	closing chan struct{}
 	closeMu sync.Once
-	stopped chan struct{} // closed when run returns
+	stopped chan struct{} // closed when run's loop ends
+	exited  chan struct{} // closed when run returned: Close waits for it
 	results chan *Record
+	// goroutines are every goroutine run starts (requests, metadata
+	// lookups, transaction calls, broker closes): run waits for them all
+	// before it returns. Only spawn starts them.
+	goroutines sync.WaitGroup
 
 	txnCtl chan *txnRequest
 	added  chan addResult
@@ -90,6 +95,9 @@ type Producer struct {
 	brokers     map[int32]*brokerState
 	inflight    int // requests in flight
 	now         func() time.Time
+	// backlog holds results that came back after Close while nobody read
+	// Results, in order: Close never waits for a reader (see emit).
+	backlog []*Record
 
 	// txnOpened is when the current transaction's first partition was
 	// added (unix ns; zero: none open). Atomic: the coordinator calls
@@ -194,6 +202,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 		meta:    make(chan topicMeta),
 		closing: make(chan struct{}),
 		stopped: make(chan struct{}),
+		exited:  make(chan struct{}),
 		results: make(chan *Record, 4096),
 		topics:  make(map[string]*topicState),
 		brokers: make(map[int32]*brokerState),
@@ -274,21 +283,37 @@ func (p *Producer) Results() <-chan *Record { return p.results }
 // Close implements Producer. Records not yet sent fail with
 // ErrProducerClosed; requests in flight are abandoned (their connections
 // closed) and their records fail too: they were not confirmed, so the
-// pipeline's restart sends them again. Results is closed once every record
-// came back.
+// pipeline's restart sends them again. Close returns once the run loop and
+// every goroutine it started have returned; Results is closed once every
+// record came back (Close does not wait for Results to be read).
 func (p *Producer) Close() error {
 	p.closeMu.Do(func() { close(p.closing) })
+	<-p.exited
 	return nil
+}
+
+// spawn starts f in a goroutine run owns: run waits for it before it
+// returns. Called by run, or (respond) by a request run waits for.
+func (p *Producer) spawn(f func()) {
+	p.goroutines.Add(1)
+	go func() {
+		defer p.goroutines.Done()
+		f()
+	}()
 }
 
 // run owns the producer's state: it routes records to partitions, builds
 // one request per idle broker, and handles responses and metadata. Kafka I/O
-// runs in short-lived goroutines that report back on resp and meta.
+// runs in short-lived goroutines (spawn) that report back on resp and meta.
+// When its loop ends it closes the client, which ends the lookups still
+// running, waits for every goroutine it started, and hands the results back.
 func (p *Producer) run() {
+	defer close(p.exited)
 	defer func() {
-		close(p.stopped)
-		close(p.results)
+		close(p.stopped) // goroutines with something to report give up
 		p.client.Close()
+		p.goroutines.Wait()
+		p.handBack()
 	}()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -360,7 +385,8 @@ func (p *Producer) shutdown() {
 	}
 	for _, bs := range p.brokers {
 		if bs.busy {
-			go bs.b.Close() // the request in flight returns with an error
+			b := bs.b
+			p.spawn(func() { b.Close() }) // the request in flight returns with an error
 		}
 	}
 	// Drain records a Send or SendBatch raced in before it saw closing.
@@ -382,13 +408,41 @@ func (p *Producer) closedErr(r *Record) error {
 	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: ErrProducerClosed}
 }
 
+// emit hands r back: on r.Done when set, else on Results. After Close,
+// with nobody reading Results, the rest wait in the backlog, in order, so
+// that run can end and Close return (handBack delivers them).
 func (p *Producer) emit(r *Record) {
 	p.outstanding--
 	if r.Done != nil {
 		r.Done <- r
 		return
 	}
-	p.results <- r
+	if len(p.backlog) == 0 {
+		select {
+		case p.results <- r:
+			return
+		case <-p.closing:
+		}
+	}
+	p.backlog = append(p.backlog, r)
+}
+
+// handBack closes Results after the backlog, if any: a last goroutine
+// delivers it, ending once the caller has read every record (the
+// Producer contract: every record comes back, then Results is closed).
+func (p *Producer) handBack() {
+	backlog := p.backlog
+	if len(backlog) == 0 {
+		close(p.results)
+		return
+	}
+	p.backlog = nil
+	go func() {
+		for _, r := range backlog {
+			p.results <- r
+		}
+		close(p.results)
+	}()
 }
 
 func (p *Producer) fail(r *Record, err error) {

@@ -121,7 +121,7 @@ func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 	p.inflight++
 	b := bs.b
 	conf := p.conf
-	go func() {
+	p.spawn(func() {
 		if ok, _ := b.Connected(); !ok {
 			_ = b.Open(conf)
 		}
@@ -137,18 +137,18 @@ func (p *Producer) send(bs *brokerState, parts []*partitionState) {
 		if err != nil {
 			p.respond(produceResponse{broker: b, parts: parts, err: err})
 		}
-	}()
+	})
 }
 
 // respond hands a request's outcome to run without ever blocking the caller.
 func (p *Producer) respond(pr produceResponse) {
 	if hook := p.testRespond; hook != nil {
-		go func() { hook(pr); p.resp <- pr }()
+		p.spawn(func() { hook(pr); p.resp <- pr })
 		return
 	}
 	select {
 	case p.resp <- pr:
 	default:
-		go func() { p.resp <- pr }()
+		p.spawn(func() { p.resp <- pr })
 	}
 }

@@ -336,13 +336,13 @@ func (p *Producer) startAdd(needAdd map[topicPartition]bool) {
 		parts = append(parts, tp)
 		req[tp.topic] = append(req[tp.topic], tp.partition)
 	}
-	go func() {
+	p.spawn(func() {
 		err := p.addPartitions(req)
 		select {
 		case p.added <- addResult{parts: parts, err: err}:
 		case <-p.stopped:
 		}
-	}()
+	})
 }
 
 func (p *Producer) handleAdded(r addResult) {
@@ -389,13 +389,13 @@ func (p *Producer) maybeEndTxn() {
 		return
 	}
 	p.txn.endBusy = true
-	go func() {
+	p.spawn(func() {
 		err := p.endTxn(req.commit)
 		select {
 		case p.ended <- err:
 		case <-p.stopped:
 		}
-	}()
+	})
 }
 
 func (p *Producer) handleEnded(err error) {

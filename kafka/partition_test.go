@@ -1,0 +1,225 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// The partition state machine (partition.go), one transition at a time, on
+// a producer with no run loop: the records that come back land on Results.
+
+func bareProducer() *Producer {
+	cfg := DefaultConfig()
+	return &Producer{cfg: cfg, results: make(chan *Record, 16), closing: make(chan struct{}), now: time.Now}
+}
+
+func queued(p *Producer, ps *partitionState, ids ...int64) {
+	for _, id := range ids {
+		r := rec(id, "t", "a")
+		ps.queue = append(ps.queue, r)
+		ps.queued += r.Size() + recordOverhead
+		p.outstanding++
+	}
+}
+
+func partition() *partitionState {
+	return &partitionState{topic: &topicState{name: "t"}}
+}
+
+func backIDs(p *Producer) (ids []int64, errs []error) {
+	for {
+		select {
+		case r := <-p.results:
+			ids, errs = append(ids, r.OutboxID), append(errs, r.Err)
+		default:
+			return ids, errs
+		}
+	}
+}
+
+func TestPartitionIdleWithoutRecordsHasNoWork(t *testing.T) {
+	if ps := partition(); ps.phase != partIdle || ps.hasWork() {
+		t.Fatalf("a new partition is %s with work %v, want idle without work", ps.phase, ps.hasWork())
+	}
+}
+
+// idle ──send──▶ inFlight: a new batch from the queue.
+func TestPartitionTakeFromIdleBuildsABatch(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1, 2)
+	if !ps.hasWork() {
+		t.Fatal("idle with queued records has no work")
+	}
+	b := p.take(ps)
+	if ps.phase != partInFlight || ps.batch != b || len(b.recs) != 2 || len(ps.queue) != 0 {
+		t.Fatalf("after take: %s, batch of %d, %d queued; want in flight with both records", ps.phase, len(b.recs), len(ps.queue))
+	}
+	if ps.hasWork() {
+		t.Fatal("a partition in flight has work: a second batch would go out")
+	}
+}
+
+// inFlight ──land──▶ idle, and ──wait──▶ waiting ──send──▶ inFlight with
+// the same batch.
+func TestPartitionLandWaitAndResendTheSameBatch(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1)
+	b := p.take(ps)
+	got, cause := ps.land()
+	if got != b || cause != nil || ps.phase != partIdle || ps.batch != nil {
+		t.Fatalf("land: batch %v cause %v, %s; want the batch back, idle", got == b, cause, ps.phase)
+	}
+	ps.wait(b)
+	if ps.phase != partWaiting || !ps.hasWork() {
+		t.Fatalf("wait: %s, work %v; want waiting with work", ps.phase, ps.hasWork())
+	}
+	queued(p, ps, 2)
+	if again := p.take(ps); again != b || ps.phase != partInFlight || len(ps.queue) != 1 {
+		t.Fatalf("take from waiting: same batch %v, %s, %d queued; want the same batch, the new record still queued", again == b, ps.phase, len(ps.queue))
+	}
+}
+
+// land with nothing in flight gives nothing back (a stray response).
+func TestPartitionLandWithoutABatch(t *testing.T) {
+	for _, ph := range []partPhase{partIdle, partWaiting, partStopped} {
+		ps := partition()
+		ps.phase = ph
+		if b, cause := ps.land(); b != nil || cause != nil || ps.phase != ph {
+			t.Errorf("land in %s: batch %v cause %v, now %s; want nothing, unchanged", ph, b, cause, ps.phase)
+		}
+	}
+}
+
+// idle ──stop──▶ stopped: the queue fails unsent, later records too.
+func TestPartitionStopWhenIdle(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1, 2)
+	cause := errors.New("boom")
+	p.stopPartition(ps, cause)
+	ids, errs := backIDs(p)
+	if ps.phase != partStopped || len(ids) != 2 || !errors.Is(errs[0], ErrProduce) || !errors.Is(errs[0], errPartitionStopped) {
+		t.Fatalf("stopped idle: %s, back %v %v; want stopped, both records failed unsent", ps.phase, ids, errs)
+	}
+	if ps.failed != cause || ps.hasWork() {
+		t.Fatalf("stopped: failed %v, work %v; want the cause kept, no work", ps.failed, ps.hasWork())
+	}
+}
+
+// waiting ──stop──▶ stopped: the waiting batch fails with the cause.
+func TestPartitionStopWhenWaiting(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1)
+	b := p.take(ps)
+	ps.land()
+	ps.wait(b)
+	queued(p, ps, 2)
+	p.stopPartition(ps, errors.New("boom"))
+	ids, _ := backIDs(p)
+	if ps.phase != partStopped || ps.batch != nil || len(ids) != 2 {
+		t.Fatalf("stopped waiting: %s, batch %v, back %v; want stopped, batch and queue failed", ps.phase, ps.batch != nil, ids)
+	}
+}
+
+// inFlight ──stop──▶ stopping ──land──▶ stopped: the batch is kept for its
+// response, which decides its records (issue 22's panic).
+func TestPartitionStopWhileInFlightKeepsTheBatch(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1)
+	b := p.take(ps)
+	queued(p, ps, 2)
+	cause := errors.New("topic deleted")
+	p.stopPartition(ps, cause)
+	if ids, _ := backIDs(p); ps.phase != partStopping || ps.batch != b || len(ids) != 1 || ids[0] != 2 {
+		t.Fatalf("stopped in flight: %s, batch kept %v, back %v; want stopping, the batch kept, the queued record failed", ps.phase, ps.batch == b, ids)
+	}
+	got, why := ps.land()
+	if got != b || why != cause || ps.phase != partStopped {
+		t.Fatalf("land while stopping: batch %v cause %v, %s; want the batch with the stop's cause, stopped", got == b, why, ps.phase)
+	}
+	p.settle(got, why)
+	if ids, errs := backIDs(p); len(ids) != 1 || ids[0] != 1 || !errors.Is(errs[0], cause) {
+		t.Fatalf("settled: %v %v; want record 1 failed with the cause", ids, errs)
+	}
+}
+
+// Rule: Close returns only once the run loop has returned (here it waits
+// for a produce response held back), and Results is closed after every
+// record came back. Fails if Close returns while the loop still runs.
+func TestKafkaProducerCloseReturnsAfterTheRunLoop(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	p, err := NewProducer(testKafkaConfig(f.c.ListenAddrs()), zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, release := holdResponses(p, "t", 0)
+	sendAll(t, p, rec(1, "t", "a"))
+	<-held
+	stoppedAtReturn := make(chan bool, 1)
+	go func() {
+		p.Close()
+		select {
+		case <-p.stopped:
+			stoppedAtReturn <- true
+		default:
+			stoppedAtReturn <- false
+		}
+	}()
+	waitFor(t, p.closingNow)
+	close(release)
+	select {
+	case ok := <-stoppedAtReturn:
+		if !ok {
+			t.Fatal("Close returned while the run loop still ran")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return")
+	}
+	n := 0
+	for range p.Results() {
+		n++
+	}
+	if n != 1 {
+		t.Fatalf("%d records back, want 1", n)
+	}
+	if err := p.Send(context.Background(), rec(2, "t", "a")); !errors.Is(err, ErrProducerClosed) {
+		t.Fatalf("Send after Close = %v", err)
+	}
+}
+
+// Rule: Close does not wait for anyone to read Results: with Results full
+// and nobody reading, it still returns, and every record comes back after
+// it, in order. Fails (Close hangs) if the run loop blocks on Results after
+// Close.
+func TestKafkaProducerCloseDoesNotWaitForAReader(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	n := cap(p.results) + 100
+	for i := 1; i <= n; i++ {
+		sendAll(t, p, rec(int64(i), "t", "a"))
+	}
+	waitFor(t, func() bool { return len(p.Results()) == cap(p.results) })
+	closed := make(chan struct{})
+	go func() {
+		p.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for a reader of Results")
+	}
+	want := int64(1)
+	for r := range p.Results() {
+		if r.OutboxID != want {
+			t.Fatalf("record %d back, want %d (in order)", r.OutboxID, want)
+		}
+		want++
+	}
+	if want != int64(n)+1 {
+		t.Fatalf("%d records back, want %d", want-1, n)
+	}
+}
