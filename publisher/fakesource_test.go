@@ -136,8 +136,8 @@ func (s *fakeServer) numOpens() int {
 // fakeSource is one replication session. Like replication.Stream it
 // delivers whole transactions in commit order after its start position,
 // stops reading at a transaction boundary when ctx is cancelled, closes out
-// when it stops reading, and keeps reporting progress.Confirmed() until
-// progress.Done() is closed.
+// when it stops reading, and keeps reporting what its gate says may be
+// confirmed until the gate's Done is closed.
 type fakeSource struct {
 	srv     *fakeServer
 	session int
@@ -178,10 +178,10 @@ func (f *fakeSource) RunGated(ctx context.Context, out chan<- replication.Messag
 	for {
 		select {
 		case <-progress.Done():
-			f.srv.report(f.session, progress.Confirmed())
+			f.srv.report(f.session, progress.Confirmable(progress.Confirmed()))
 			return nil
 		case <-tick.C:
-			f.srv.report(f.session, progress.Confirmed())
+			f.srv.report(f.session, progress.Confirmable(progress.Confirmed()))
 		}
 	}
 }
@@ -190,7 +190,7 @@ func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message
 	tick := time.NewTicker(statusPoll)
 	defer tick.Stop()
 	pos := f.start
-	f.srv.report(f.session, progress.Confirmed())
+	f.srv.report(f.session, progress.Confirmable(progress.Confirmed()))
 	for {
 		// A stop takes effect between transactions only.
 		if ctx.Err() != nil {
@@ -209,7 +209,7 @@ func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message
 			case <-progress.Done():
 				return nil
 			case <-tick.C:
-				f.srv.report(f.session, progress.Confirmed())
+				f.srv.report(f.session, progress.Confirmable(progress.Confirmed()))
 			}
 			continue
 		}
@@ -236,7 +236,7 @@ func (f *fakeSource) receive(ctx context.Context, out chan<- replication.Message
 			return err
 		}
 		pos = t.end
-		f.srv.report(f.session, progress.Confirmed())
+		f.srv.report(f.session, progress.Confirmable(progress.Confirmed()))
 	}
 }
 
@@ -254,7 +254,7 @@ func (f *fakeSource) deliver(stop <-chan struct{}, out chan<- replication.Messag
 		case <-progress.Done():
 			return errFakeStopped
 		case <-tick.C:
-			f.srv.report(f.session, progress.Confirmed())
+			f.srv.report(f.session, progress.Confirmable(progress.Confirmed()))
 		}
 	}
 }
