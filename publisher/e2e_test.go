@@ -160,4 +160,3 @@ func TestEndToEndExactlyOnceThroughKafka(t *testing.T) {
 		t.Fatalf("the slot confirmed %s, the checkpoint topic holds only %s", confirmed, written)
 	}
 }
-

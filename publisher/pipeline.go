@@ -157,11 +157,9 @@ func (p *Pipeline) Run(ctx context.Context, in <-chan replication.Message) error
 
 func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error {
 	var (
-		cur      *txn
-		begin    replication.Begin
-		skipping bool
-		tick     <-chan time.Time
-		cpAcks   = p.mode.checkpointAcks()
+		st     readState
+		tick   <-chan time.Time
+		cpAcks = p.mode.checkpointAcks()
 	)
 	if d := p.mode.interval(); d > 0 {
 		t := time.NewTicker(d)
@@ -201,61 +199,57 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			}
 			return p.mode.finish(ctx)
 		}
-		switch m.Kind {
-		case replication.KindBegin:
-			cur = p.wm.Begin(m.Begin.CommitTime)
-			begin = m.Begin
-			skipping = p.mode.skip(m.Begin)
-		case replication.KindEvent:
-			if cur == nil {
-				return fmt.Errorf("publisher: %w: event outside a transaction", replication.ErrProtocol)
-			}
-			if skipping {
-				if m.Budgeted > 0 {
-					p.lim.releaseHandedOver(m.Budgeted)
-				}
-				continue
-			}
-			observeReceived(p.m, begin)
-			if bad, ok := p.unpublishable(cur, &m); ok {
-				if err := p.badEvent(ctx, cur, begin, &bad, m.Budgeted); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := p.produce(ctx, cur, &m); err != nil {
-				return err
-			}
-		case replication.KindBad:
-			if cur == nil {
-				return fmt.Errorf("publisher: %w: bad event outside a transaction", replication.ErrProtocol)
-			}
-			if skipping {
-				if m.Budgeted > 0 {
-					p.lim.releaseHandedOver(m.Budgeted)
-				}
-				continue
-			}
-			if err := p.badEvent(ctx, cur, begin, &m.Bad, m.Budgeted); err != nil {
-				return err
-			}
-		case replication.KindRejected:
-			p.rejected(begin, cur != nil, m.Rejected)
-		case replication.KindCommit:
-			if cur == nil {
-				return fmt.Errorf("publisher: %w: commit outside a transaction", replication.ErrProtocol)
-			}
-			if err := p.flush(ctx); err != nil {
-				return err
-			}
-			p.wm.Commit(cur, m.Commit.EndLSN)
-			cur = nil
-			p.m.ReceivedLSN.Set(float64(m.Commit.EndLSN))
-			if err := p.mode.committed(ctx, begin, m.Commit, len(in) > 0, skipping); err != nil {
-				return err
-			}
+		if err := p.handle(ctx, &st, &m, len(in) > 0); err != nil {
+			return err
 		}
 	}
+}
+
+// readState is the reader's transaction in hand.
+type readState struct {
+	cur      *txn // nil between transactions
+	begin    replication.Begin
+	skipping bool // the transaction is in Kafka already
+}
+
+// handle takes one message of the stream; more says another one waits.
+func (p *Pipeline) handle(ctx context.Context, st *readState, m *replication.Message, more bool) error {
+	if st.cur == nil && (m.Kind == replication.KindEvent || m.Kind == replication.KindBad || m.Kind == replication.KindCommit) {
+		what := map[replication.Kind]string{replication.KindEvent: "event", replication.KindBad: "bad event", replication.KindCommit: "commit"}[m.Kind]
+		return fmt.Errorf("publisher: %w: %s outside a transaction", replication.ErrProtocol, what)
+	}
+	switch m.Kind {
+	case replication.KindBegin:
+		st.cur = p.wm.Begin(m.Begin.CommitTime)
+		st.begin = m.Begin
+		st.skipping = p.mode.skip(m.Begin)
+	case replication.KindEvent, replication.KindBad:
+		if st.skipping {
+			if m.Budgeted > 0 {
+				p.lim.releaseHandedOver(m.Budgeted)
+			}
+			return nil
+		}
+		if m.Kind == replication.KindBad {
+			return p.badEvent(ctx, st.cur, st.begin, &m.Bad, m.Budgeted)
+		}
+		observeReceived(p.m, st.begin)
+		if bad, ok := p.unpublishable(st.cur, m); ok {
+			return p.badEvent(ctx, st.cur, st.begin, &bad, m.Budgeted)
+		}
+		return p.produce(ctx, st.cur, m)
+	case replication.KindRejected:
+		p.rejected(st.begin, st.cur != nil, m.Rejected)
+	case replication.KindCommit:
+		if err := p.flush(ctx); err != nil {
+			return err
+		}
+		p.wm.Commit(st.cur, m.Commit.EndLSN)
+		st.cur = nil
+		p.m.ReceivedLSN.Set(float64(m.Commit.EndLSN))
+		return p.mode.committed(ctx, st.begin, m.Commit, more, st.skipping)
+	}
+	return nil
 }
 
 // maxPending bounds the records of one transaction held back to go to the
