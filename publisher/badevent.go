@@ -152,6 +152,13 @@ func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.Ba
 	if reason == "" {
 		return replication.BadEvent{}, false
 	}
+	return eventBad(m, reason), true
+}
+
+// eventBad is event m as a bad event for reason, the event's fields as its
+// columns.
+func eventBad(m *replication.Message, reason string) replication.BadEvent {
+	ev := &m.Event
 	cols := []replication.ColumnText{
 		{Name: "id", Value: []byte(ev.IDString())},
 		{Name: "key", Value: []byte(ev.AggregateID)},
@@ -160,7 +167,7 @@ func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.Ba
 	for _, h := range ev.Headers {
 		cols = append(cols, replication.ColumnText{Name: "header " + h.Key, Value: []byte(h.Value)})
 	}
-	return replication.BadEvent{LSN: m.WALStart, ID: ev.IDString(), Reason: reason, Columns: cols}, true
+	return replication.BadEvent{LSN: m.WALStart, ID: ev.IDString(), Reason: reason, Columns: cols}
 }
 
 // mayBeOversized is a cheap test that lets most events skip building their

@@ -65,6 +65,9 @@ type Config struct {
 	// AcceptGap starts streaming although the slot is ahead of the
 	// checkpoint or the checkpoint is another system's (see ErrGap).
 	AcceptGap bool
+	// Encoder, when set, writes every record in a wire format before it
+	// is produced (see Encoder); nil: records as NewRecord builds them.
+	Encoder Encoder
 	// CrashAfterProduce, when > 0, makes the process exit hard (status 3)
 	// right after Kafka acknowledged that many events and before their LSN is
 	// confirmed. For demonstrating at-least-once delivery only.

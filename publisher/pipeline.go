@@ -237,7 +237,11 @@ func (p *Pipeline) handle(ctx context.Context, st *readState, m *replication.Mes
 		if bad, ok := p.unpublishable(st.cur, m); ok {
 			return p.badEvent(ctx, st.cur, st.begin, &bad, m.Budgeted)
 		}
-		return p.produce(ctx, st.cur, m)
+		bad, err := p.produce(ctx, st.cur, m)
+		if bad != nil {
+			return p.badEvent(ctx, st.cur, st.begin, bad, m.Budgeted)
+		}
+		return err
 	case replication.KindRejected:
 		p.rejected(st.begin, st.cur != nil, m.Rejected)
 	case replication.KindCommit:
@@ -256,8 +260,13 @@ func (p *Pipeline) handle(ctx context.Context, st *readState, m *replication.Mes
 // producer together (see flush).
 const maxPending = 512
 
-func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) error {
+// produce hands event m's record to the producer, or returns it as a bad
+// event when the Encoder finds it unpublishable.
+func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) (*replication.BadEvent, error) {
 	r := outbox.NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
+	if bad, err := p.encode(ctx, r, m); bad != nil || err != nil {
+		return bad, err
+	}
 	r.Meta = t
 	p.mode.prepare(r)
 	size := recordCost(r)
@@ -269,10 +278,10 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 		// The in-flight limit is reached: what is held back must go out
 		// before waiting, or nothing would ever come back to free room.
 		if err := p.flush(ctx); err != nil {
-			return err
+			return nil, err
 		}
 		if err := p.lim.acquire(ctx, size); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	p.wm.Add(t)
@@ -281,9 +290,9 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 	p.pending = append(p.pending, r)
 	p.mode.produced(r)
 	if len(p.pending) >= maxPending {
-		return p.flush(ctx)
+		return nil, p.flush(ctx)
 	}
-	return nil
+	return nil, nil
 }
 
 // recordCost is what r holds of the budget until it comes back: its bytes
