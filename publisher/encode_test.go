@@ -15,7 +15,9 @@ import (
 // behaviour: it matches kafka.ErrPoison).
 type poisonCause struct{}
 
-func (poisonCause) Error() string        { return "payload does not fit the avro schema id 1: $.qty: want integer" }
+func (poisonCause) Error() string {
+	return "payload does not fit the avro schema id 1: $.qty: want integer"
+}
 func (poisonCause) Is(target error) bool { return target == kafka.ErrPoison }
 
 // fakeEncoder wraps values in brackets, refuses outbox id 2 as poison, and

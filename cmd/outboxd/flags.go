@@ -54,6 +54,7 @@ type options struct {
 	kafkaSec        kafka.Security
 	slotPoll        time.Duration
 	hooks           stringList
+	formats         formatOpts // formatflags.go
 
 	// slot drop
 	dropPublication bool
@@ -98,6 +99,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	o.kafkaSec.AddFlags(fs)
 	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows without one (topic column absent or NULL, or a NULL placeholder of --topic-template)")
 	addShapeFlags(fs, &o.shapeOpts)
+	o.formats.addFlags(fs)
 	fs.StringVar(&o.pub.Delivery, "delivery", o.pub.Delivery, "at-least-once, or exactly-once: Kafka transactions with the checkpoint inside, confirmed to PostgreSQL only after the commit (consumers must read read_committed)")
 	fs.StringVar(&o.pub.CheckpointTopic, "checkpoint-topic", o.pub.CheckpointTopic, "compacted topic of outboxd's checkpoints (created when missing); replayed transactions below the checkpoint are skipped; empty: off (at-least-once only)")
 	fs.DurationVar(&o.pub.CheckpointInterval, "checkpoint-interval", o.pub.CheckpointInterval, "how often a checkpoint is written when nothing else writes one")

@@ -34,6 +34,10 @@ var groupExact = map[string]int{
 	"dead-letter-topic": 3, "max-in-flight-events": 3, "max-in-flight-bytes": 3,
 	"kafka-txn-max-events": 3, "kafka-txn-max-age": 3, "kafka-txn-timeout": 3,
 	"crash-after-produce": 6,
+	"value-format":        2, "key-format": 2, "subject-name-strategy": 2, "value-schema-id": 2, "value-schema-version": 2,
+	"key-schema-id": 2, "key-schema-version": 2, "value-schema-file": 2, "key-schema-file": 2,
+	"value-proto-message": 2, "auto-register-schemas": 2, "schema-cache-ttl": 2, "cloudevents": 2, "cloudevents-source": 2,
+	"schema-registry-url": 1, "schema-registry-user": 1, "schema-registry-password": 1, "schema-registry-ca-file": 1,
 }
 
 // groupOf returns the index in helpGroups of flag name.

@@ -78,11 +78,22 @@ func cmdReplay(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	enc, err := o.formats.encoder(&o, logger.Named("format"), nil)
+	if err != nil {
+		return err
+	}
 	pcfg := poll.DefaultConfig()
 	pcfg.Schema, pcfg.Table, pcfg.Mapping = o.slot.Schema, o.slot.Table, o.pub.Mapping
 	n, err := poll.Replay(ctx, conn, pcfg, rng, *batch, func(events []replication.Event) error {
 		for i := range events {
 			r := outbox.NewRecord(&events[i], &o.pub.Mapping, time.Now())
+			if enc != nil {
+				// The formats run publishes in; a payload that does not fit
+				// stops the replay, naming it.
+				if err := enc.Encode(ctx, r); err != nil {
+					return fmt.Errorf("replay: outbox id %d: %w", r.OutboxID, err)
+				}
+			}
 			if origin != nil {
 				r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: origin})
 			}

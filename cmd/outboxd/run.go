@@ -80,6 +80,9 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	metrics := outbox.NewMetrics(reg)
 	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
 	o.pub.MaxRecordBytes = kcfg.MaxMessageBytes
+	if o.pub.Encoder, err = o.formats.encoder(o, logger.Named("format"), reg); err != nil {
+		return err
+	}
 
 	deps := publisher.Deps{
 		OpenSource: func(ctx context.Context) (publisher.Source, error) {

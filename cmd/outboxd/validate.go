@@ -24,8 +24,10 @@ func (o *options) validateRun() (kafka.Config, error) {
 	kcfg, kerr := o.kafkaConfig()
 	_, herr := outbox.ParseHooks(o.hooks)
 	_, lerr := o.logger(io.Discard)
+	serr := o.shape()
+	_, ferr := o.formats.config(o) // after shape: it checks the encodings
 	errs := []error{o.validateCommon(), o.validateDSN(), kerr, validateBrokers(kcfg.Brokers),
-		o.shape(), o.pub.Validate(), o.streamConfig().Validate(), herr, lerr, o.validateCombinations()}
+		serr, ferr, o.pub.Validate(), o.streamConfig().Validate(), herr, lerr, o.validateCombinations()}
 	if o.poll.source == sourcePoll {
 		_, perr := o.pollConfig()
 		errs = append(errs, perr)
