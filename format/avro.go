@@ -3,6 +3,8 @@ package format
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"fmt"
 	"math"
 	"math/big"
@@ -61,10 +63,20 @@ func (c *avroCodec) encode(dst, payload []byte) ([]byte, error) {
 	return append(dst, body...), nil
 }
 
+// decode reads one value that takes exactly body (hamba's Unmarshal
+// calls a body that ends early a success, and ignores a trailing rest).
 func (c *avroCodec) decode(body []byte, _ []int) (any, error) {
+	r := avro.NewReader(nil, 0, avro.WithReaderConfig(c.api)).Reset(body)
 	var v any
-	if err := c.api.Unmarshal(c.schema, body, &v); err != nil {
-		return nil, err
+	r.ReadVal(c.schema, &v)
+	if r.Error != nil {
+		if errors.Is(r.Error, io.EOF) {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return nil, r.Error
+	}
+	if r.Peek(); r.Error == nil {
+		return nil, errors.New("data after the value")
 	}
 	return v, nil
 }
