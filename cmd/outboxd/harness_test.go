@@ -52,6 +52,7 @@ func TestMain(m *testing.M) {
 	}
 	binPath = bins["outboxd"]
 	code := m.Run()
+	testenv.StopRegistry()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/hamba/avro/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/outboxd/outboxd/consumer"
+	"github.com/outboxd/outboxd/format"
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+const orderAvro = `{"type":"record","name":"OrderCreated","namespace":"shop","fields":[
+  {"name":"n","type":"int"},
+  {"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}},
+  {"name":"note","type":["null","string"],"default":null}]}`
+
+func registryClient(t *testing.T, url string) *sr.Client {
+	t.Helper()
+	cl, err := sr.NewClient(sr.URLs(url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
+// referenceAvro decodes a record value as any Confluent-compatible consumer
+// would: the schema by the id in the wire format, from the registry, and
+// hamba/avro — not outboxd's code.
+func referenceAvro(t *testing.T, cl *sr.Client, value []byte) map[string]any {
+	t.Helper()
+	var h sr.ConfluentHeader
+	id, body, err := h.DecodeID(value)
+	if err != nil {
+		t.Fatalf("value % x: %v", value, err)
+	}
+	s, err := cl.SchemaByID(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := avro.Unmarshal(avro.MustParse(s.Schema), body, &got); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// consumerDecoded runs a Kafka message through the consumer package's
+// decoding handler and returns what the handler got.
+func consumerDecoded(t *testing.T, cl *sr.Client, m *sarama.ConsumerMessage) *consumer.Decoded {
+	t.Helper()
+	msg := &consumer.Message{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset, Key: m.Key, Value: m.Value, Timestamp: m.Timestamp}
+	for _, h := range m.Headers {
+		msg.Headers = append(msg.Headers, consumer.Header{Key: string(h.Key), Value: h.Value})
+	}
+	var got *consumer.Decoded
+	h := consumer.Decode(format.NewDecoder(cl), format.Avro, func(_ context.Context, _ pgx.Tx, d *consumer.Decoded) error {
+		got = d
+		return nil
+	})
+	if err := h.Handle(context.Background(), nil, msg); err != nil {
+		t.Fatalf("consumer decode %s: %v", m.Value, err)
+	}
+	return got
+}
+
+func insertTyped(t *testing.T, e *env, payload string) {
+	t.Helper()
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, event_type, created_at) VALUES ('k', $1, $2::jsonb, 'shop.OrderCreated', '2026-12-02 09:00:00.5+00')`, e.topic, payload)
+}
+
+// TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit: outboxd run
+// --value-format avro against Apicurio: each row's JSON payload becomes an
+// Avro record in the wire format that a reference decoder and the consumer
+// package read back; --cloudevents binary sets every attribute; a payload
+// that does not fit the schema goes to the dead-letter topic with the
+// reason, and the stream goes on.
+func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
+	reg := testenv.Registry(t)
+	cl := registryClient(t, reg.URL)
+	ss, err := cl.CreateSchema(context.Background(), e.topic+"-value", sr.Schema{Schema: orderAvro})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
+	d := e.start("--value-format", "avro", "--schema-registry-url", reg.URL,
+		"--cloudevents", "binary", "--cloudevents-source", "/shop/orders", "--dead-letter-topic", dlq)
+	insertTyped(t, e, `{"n": 1, "at": "2026-12-02T09:00:00.5Z", "note": "first"}`)
+	insertTyped(t, e, `{"n": "two", "at": 0}`)
+	insertTyped(t, e, `{"n": 3, "at": 1796202000500}`)
+
+	msgs := testenv.Kafka(t).ReadAll(t, e.topic, 2, 60*time.Second)
+	for i, m := range msgs {
+		wantN := []int{1, 3}[i]
+		ref := referenceAvro(t, cl, m.Value)
+		if ref["n"] != wantN || !ref["at"].(time.Time).Equal(time.Date(2026, 12, 2, 9, 0, 0, 500e6, time.UTC)) {
+			t.Fatalf("record %d decodes to %v", i, ref)
+		}
+		got := consumerDecoded(t, cl, m)
+		if v := got.Value.Decoded.(map[string]any); v["n"] != wantN || got.Value.SchemaID != ss.ID {
+			t.Fatalf("consumer decoded %+v", got.Value)
+		}
+		ce := got.CloudEvent
+		if ce == nil || ce.Mode != format.Binary || ce.SpecVersion != "1.0" || ce.ID != header(m, "outbox-id") || ce.Source != "/shop/orders" ||
+			ce.Type != "shop.OrderCreated" || ce.Time != "2026-12-02T09:00:00.5Z" || ce.DataContentType != "application/avro" {
+			t.Fatalf("cloudevent %+v, headers %q", ce, headerPairs(m))
+		}
+	}
+	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 60*time.Second)
+	if reason := header(dead[0], "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") || !strings.Contains(reason, "$.n") {
+		t.Fatalf("dead-letter reason %q, want the schema mismatch", reason)
+	}
+	if !strings.Contains(string(dead[0].Value), `\"two\"`) {
+		t.Fatalf("dead-letter value %s, want the row's payload", dead[0].Value)
+	}
+	d.stop()
+}
+
+// TestRunAvroBadPayloadHaltsNamingTheSkip: without a dead-letter topic a
+// payload that does not fit halts outboxd with the --skip-bad-event that
+// skips it; restarted with it, the next row is published.
+func TestRunAvroBadPayloadHaltsNamingTheSkip(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	e.exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
+	reg := testenv.Registry(t)
+	cl := registryClient(t, reg.URL)
+	if _, err := cl.CreateSchema(context.Background(), e.topic+"-value", sr.Schema{Schema: orderAvro}); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--value-format", "avro", "--schema-registry-url", reg.URL}
+	d := e.start(args...)
+	insertTyped(t, e, `{"n": 1, "at": 0, "extra": true}`)
+	insertTyped(t, e, `{"n": 2, "at": 0}`)
+	if code := d.wait(60 * time.Second); code == 0 {
+		t.Fatal("outboxd exited 0, want a halt")
+	}
+	out := d.out.String()
+	m := regexp.MustCompile(`start outboxd again with( --skip-bad-event [0-9A-F]+/[0-9A-F]+);`).FindStringSubmatch(out)
+	if m == nil || !strings.Contains(out, "has no such field") {
+		t.Fatalf("halt without --skip-bad-event and the reason:\n%s", out)
+	}
+	d = e.start(append(args, strings.Fields(m[1])...)...)
+	got := testenv.Kafka(t).ReadAll(t, e.topic, 1, 60*time.Second)
+	if v := referenceAvro(t, cl, got[0].Value); v["n"] != 2 {
+		t.Fatalf("after the skip: %v, want n=2", v)
+	}
+	d.stop()
+}
+
+// TestRunAvroRegistryDownAtStart: with the registry down, outboxd keeps
+// retrying and publishes nothing; once it is up (auto-registration on: the
+// in-memory registry starts empty) every row arrives, none lost.
+func TestRunAvroRegistryDownAtStart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	reg := testenv.StartRegistry(t)
+	reg.Stop()
+	schema := filepath.Join(t.TempDir(), "order.avsc")
+	if err := os.WriteFile(schema, []byte(orderAvro), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := e.start("--value-format", "avro", "--schema-registry-url", reg.URL,
+		"--auto-register-schemas", "--value-schema-file", schema)
+	for i := 1; i <= 3; i++ {
+		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int, 'at', 0))`, e.topic, i)
+	}
+	d.waitLog("schema registry", 60*time.Second) // a session failed on it, and restarts
+	if d.exited() {
+		t.Fatalf("outboxd exited with the registry down:\n%s", d.out.String())
+	}
+	reg.Start()
+	cl := registryClient(t, reg.URL)
+	got := testenv.Kafka(t).ReadAll(t, e.topic, 3, 90*time.Second)
+	for i, m := range got {
+		if v := referenceAvro(t, cl, m.Value); v["n"] != i+1 {
+			t.Fatalf("record %d: %v", i, v)
+		}
+	}
+	d.stop()
+}
