@@ -1,6 +1,10 @@
 package format
 
 import (
+	"bytes"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/dynamicpb"
 	"testing"
 
 	"github.com/hamba/avro/v2"
@@ -51,6 +55,33 @@ func FuzzConvertAvro(f *testing.F) {
 			if err := api.Unmarshal(s, b, &back); err != nil {
 				t.Fatalf("%s: written but not readable: %v", payload, err)
 			}
+		}
+	})
+}
+
+// FuzzEncodeProtobuf: any payload is written or refused as poison; what is
+// written decodes to the same message.
+func FuzzEncodeProtobuf(f *testing.F) {
+	for _, seed := range []string{`{"id":"o1","qty":"3","at":"2026-12-02T09:00:00.500Z","status":"PAID","lines":[{"sku":"a","n":2}]}`,
+		`{"qty":-9223372036854775808}`, `{"status":1}`, `{"at":"0001-01-01T00:00:00Z"}`, `{"lines":[{}]}`, `{"id":"\u0000"}`, `null`} {
+		f.Add(seed)
+	}
+	c, err := newProtobufCodec(orderProto, "shop.OrderCreated")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, payload string) {
+		b, err := c.encode(nil, []byte(payload))
+		if err != nil {
+			return
+		}
+		m, err := c.decode(b, c.index())
+		if err != nil {
+			t.Fatalf("%s: written but not readable: %v", payload, err)
+		}
+		again, err := c.encode(nil, []byte(protojson.Format(m.(*dynamicpb.Message))))
+		if err != nil || !bytes.Equal(again, b) {
+			t.Fatalf("%s: decoded value does not write the same bytes (%v)", payload, err)
 		}
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/kafka"
@@ -135,5 +136,32 @@ func TestApicurioJSONSchema(t *testing.T) {
 	r.Topic = topic
 	if err := e.Encode(ctx, r); !errors.Is(err, kafka.ErrPoison) {
 		t.Fatalf("err = %v, want poison", err)
+	}
+}
+
+func TestApicurioProtobuf(t *testing.T) {
+	cl := apicurio(t)
+	ctx := context.Background()
+	topic := testenv.UniqueName("fmt_proto")
+	ss, err := cl.CreateSchema(ctx, topic+"-value", sr.Schema{Type: sr.TypeProtobuf, Schema: orderProto})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEncoder(t, Config{Value: Side{Format: Protobuf, Message: "shop.OrderCreated"}}, cl)
+	r := record(`{"id":"o1","qty":"3","at":"2026-12-02T09:00:00.500Z"}`)
+	r.Topic = topic
+	if err := e.Encode(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	v, err := NewDecoder(cl).Decode(ctx, Protobuf, r.Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.SchemaID != ss.ID || len(v.Index) != 1 || v.Index[0] != 1 {
+		t.Fatalf("id %d (want %d), index %v", v.SchemaID, ss.ID, v.Index)
+	}
+	m := v.Decoded.(*dynamicpb.Message)
+	if qty := m.Get(m.Descriptor().Fields().ByName("qty")).Int(); qty != 3 {
+		t.Fatalf("decoded %v", m)
 	}
 }
