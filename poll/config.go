@@ -29,6 +29,9 @@ type Config struct {
 	// Mapping shapes the records as under CDC: the default topic (for rows
 	// whose topic column is absent or NULL), headers, encodings.
 	outbox.Mapping
+	// Encoder, when set, writes every record in a wire format before it
+	// is produced (Schema Registry formats, CloudEvents).
+	Encoder Encoder
 	// DeadLetterTopic names the dead-letter topic in logs; set it together
 	// with Deps.NewDeadLetterer.
 	DeadLetterTopic string

@@ -302,9 +302,18 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 	}()
 	for i := range w.events {
 		r := outbox.NewRecord(&w.events[i], &p.cfg.Mapping, now)
-		size := int64(r.Size())
+		var bad error // why the record is poison
 		if r.Topic == "" {
-			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: errNoTopic}
+			bad = errNoTopic
+		} else if err := p.encode(ctx, r); errors.Is(err, kafka.ErrPoison) {
+			bad = err // a payload that does not fit its schema
+		} else if err != nil {
+			failed = fmt.Errorf("poll: %w", err) // the registry: the batch rolls back, the session restarts
+			break
+		}
+		size := int64(r.Size())
+		if bad != nil {
+			r.Err = &kafka.PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Size: int(size), Err: bad}
 			w.acks <- r
 		} else {
 			r.Done = w.acks
@@ -358,6 +367,20 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 }
 
 var errNoTopic = errors.New("the row has no topic and no --default-topic is set")
+
+// Encoder writes a record in a wire format before it is produced
+// (format.Encoder); an error matching kafka.ErrPoison makes the record
+// poison (dead-lettered or halting), any other restarts the session.
+type Encoder interface {
+	Encode(ctx context.Context, r *kafka.Record) error
+}
+
+func (p *Poller) encode(ctx context.Context, r *kafka.Record) error {
+	if p.cfg.Encoder == nil {
+		return nil
+	}
+	return p.cfg.Encoder.Encode(ctx, r)
+}
 
 // result accounts for one record back from Kafka; poison goes to the
 // dead-letter producer when there is one.

@@ -90,9 +90,6 @@ func (f *formatOpts) config(o *options) (format.Config, error) {
 	if k := c.Key.Format; k != format.Raw && k != format.String && o.pub.KeyEncoding == outbox.JSONString {
 		errs = append(errs, errors.New("--key-format writes the key itself: drop --key-encoding json-string, or --key-format"))
 	}
-	if c.Enabled() && o.poll.source == sourcePoll {
-		errs = append(errs, errors.New("--value-format, --key-format and --cloudevents work with --source=cdc only (for now)"))
-	}
 	return c, errors.Join(errs...)
 }
 

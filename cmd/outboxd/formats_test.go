@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,22 @@ const orderAvro = `{"type":"record","name":"OrderCreated","namespace":"shop","fi
   {"name":"n","type":"int"},
   {"name":"at","type":{"type":"long","logicalType":"timestamp-millis"}},
   {"name":"note","type":["null","string"],"default":null}]}`
+
+// registryMu serializes schema registrations of this package's parallel
+// tests: Apicurio's in-memory (H2) storage times out locking its id
+// sequence under concurrent registrations.
+var registryMu sync.Mutex
+
+func createSchema(t *testing.T, cl *sr.Client, subject string, s sr.Schema) int {
+	t.Helper()
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	ss, err := cl.CreateSchema(context.Background(), subject, s)
+	if err != nil {
+		t.Fatalf("register %s: %v", subject, err)
+	}
+	return ss.ID
+}
 
 func registryClient(t *testing.T, url string) *sr.Client {
 	t.Helper()
@@ -90,10 +107,7 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 	e.exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
-	ss, err := cl.CreateSchema(context.Background(), e.topic+"-value", sr.Schema{Schema: orderAvro})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id := createSchema(t, cl, e.topic+"-value", sr.Schema{Schema: orderAvro})
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	d := e.start("--value-format", "avro", "--schema-registry-url", reg.URL,
 		"--cloudevents", "binary", "--cloudevents-source", "/shop/orders", "--dead-letter-topic", dlq)
@@ -109,7 +123,7 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 			t.Fatalf("record %d decodes to %v", i, ref)
 		}
 		got := consumerDecoded(t, cl, m)
-		if v := got.Value.Decoded.(map[string]any); v["n"] != wantN || got.Value.SchemaID != ss.ID {
+		if v := got.Value.Decoded.(map[string]any); v["n"] != wantN || got.Value.SchemaID != id {
 			t.Fatalf("consumer decoded %+v", got.Value)
 		}
 		ce := got.CloudEvent
@@ -137,9 +151,7 @@ func TestRunAvroBadPayloadHaltsNamingTheSkip(t *testing.T) {
 	e.exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
-	if _, err := cl.CreateSchema(context.Background(), e.topic+"-value", sr.Schema{Schema: orderAvro}); err != nil {
-		t.Fatal(err)
-	}
+	createSchema(t, cl, e.topic+"-value", sr.Schema{Schema: orderAvro})
 	args := []string{"--value-format", "avro", "--schema-registry-url", reg.URL}
 	d := e.start(args...)
 	insertTyped(t, e, `{"n": 1, "at": 0, "extra": true}`)

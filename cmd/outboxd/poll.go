@@ -80,6 +80,13 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg)
 	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
+	enc, err := o.formats.encoder(o, logger.Named("format"), reg)
+	if err != nil {
+		return err
+	}
+	if enc != nil {
+		cfg.Encoder = enc
+	}
 	deps := poll.Deps{
 		NewProducer: func() (outbox.Producer, error) {
 			return kafka.NewProducer(kcfg, logger.Named("kafka"), kafka.ProducerHooks{})
