@@ -106,8 +106,8 @@ func TestPipelineEncoderFailureRestarts(t *testing.T) {
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
 	err := h.result()
-	if err == nil || outbox.Halts(err) || errors.Is(err, replication.ErrBadValue) || !errors.Is(err, errEncode) {
-		t.Fatalf("Run() = %v, want a restartable encode error", err)
+	if err == nil || outbox.Halts(err) || errors.Is(err, replication.ErrBadValue) || !errors.Is(err, errEncode) || restartCause(err) != "format" {
+		t.Fatalf("Run() = %v, want a restartable encode error (cause format)", err)
 	}
 	if got := h.p.Confirmed(); got != 1000 {
 		t.Fatalf("confirmed %s", got)

@@ -115,6 +115,8 @@ func restartCause(err error) string {
 		return "postgres"
 	case errors.Is(err, outbox.ErrHook):
 		return "hook"
+	case errors.Is(err, errEncode):
+		return "format"
 	default:
 		return "other"
 	}

@@ -46,7 +46,7 @@ var fileExcluded = map[string]bool{configFlag: true, connectFlag: true, "json": 
 // secretFlags hold secrets: config check prints them redacted, and errors
 // about them never quote their value. pg-dsn is redacted only where it
 // carries a password.
-var secretFlags = map[string]bool{"pg-dsn": true, "kafka-sasl-password": true}
+var secretFlags = map[string]bool{"pg-dsn": true, "kafka-sasl-password": true, "schema-registry-password": true}
 
 // ConfigError is a bad --config file: unreadable, not YAML, or a key or value
 // that is not a setting.
