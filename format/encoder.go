@@ -97,18 +97,16 @@ func (e *Encoder) encodeSide(ctx context.Context, r *kafka.Record, side Side, wh
 		}
 		return payload, nil
 	}
-	subject, err := e.subject(r, which)
-	if err != nil {
-		return nil, err
-	}
 	var (
-		id int
-		c  codec
+		id      int
+		c       codec
+		subject string
+		err     error
 	)
-	if side.SchemaID != 0 {
+	if side.SchemaID != 0 { // pinned: no subject is looked up
 		id = side.SchemaID
-		c, err = e.sc.forID(ctx, side.Format, side.Message, id, subject)
-	} else {
+		c, err = e.sc.forID(ctx, side.Format, side.Message, id, "")
+	} else if subject, err = e.subject(r, which); err == nil {
 		id, c, err = e.sc.forSubject(ctx, side.Format, side, subject, e.cfg.AutoRegister)
 	}
 	if err != nil {

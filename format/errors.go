@@ -20,8 +20,11 @@ type BadPayloadError struct {
 }
 
 func (e *BadPayloadError) Error() string {
-	if e.Subject == "" && e.ID == 0 {
+	switch {
+	case e.ID == 0:
 		return fmt.Sprintf("payload is not valid %s: %s", e.Format, e.Reason)
+	case e.Subject == "":
+		return fmt.Sprintf("payload does not fit the %s schema id %d: %s", e.Format, e.ID, e.Reason)
 	}
 	return fmt.Sprintf("payload does not fit the %s schema id %d (subject %q): %s", e.Format, e.ID, e.Subject, e.Reason)
 }

@@ -135,7 +135,7 @@ func (s *schemas) remember(f Format, message string, id int, sch sr.Schema) (cod
 	if ok {
 		return c, nil
 	}
-	if want := schemaType(f); sch.Type != want && !(want == sr.TypeAvro && sch.Type == 0) {
+	if want := schemaType(f); sch.Type != want {
 		return nil, &SchemaError{Format: f, ID: id, Err: errors.New("the registry holds a " + sch.Type.String() + " schema under this id")}
 	}
 	var err error
