@@ -69,6 +69,10 @@ func TestRunFormats(t *testing.T) {
 			t.Fatalf("structured value %s: %v", m.Value, err)
 		}
 		src, _ := ev["source"].(string)
+		ts, _ := ev["time"].(string)
+		if at, err := time.Parse(time.RFC3339Nano, ts); err != nil || !at.Truncate(time.Millisecond).Equal(m.Timestamp) { // Kafka keeps milliseconds
+			t.Fatalf("time %q, want the record's timestamp %s (%v)", ts, m.Timestamp, err)
+		}
 		if ev["specversion"] != "1.0" || ev["id"] != header(m, "outbox-id") || ev["type"] != e.topic ||
 			!strings.HasPrefix(src, "postgresql://127.0.0.1:") || !strings.HasSuffix(src, "/public.outbox") || ev["datacontenttype"] != "application/json" || ev["data_base64"] == nil {
 			t.Fatalf("structured event %s", m.Value)
@@ -128,4 +132,26 @@ func TestRunFormats(t *testing.T) {
 		}
 		d.stop()
 	})
+}
+
+// TestReplayWritesTheFormats: outboxd replay publishes in the formats run
+// does, and stops at a payload that does not fit, naming it.
+func TestReplayWritesTheFormats(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	reg := testenv.Registry(t)
+	cl := registryClient(t, reg.URL)
+	createSchema(t, cl, e.topic+"-value", sr.Schema{Schema: orderAvro})
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 1, "at": 0}'), ('k', $1, '{"n": 2, "at": 0}'), ('k', $1, '{"n": "x"}')`, e.topic)
+	args := e.args("--from-id", "1", "--value-format", "avro", "--schema-registry-url", reg.URL)
+	args[0] = "replay"
+	r := startDaemon(t, args...)
+	if code := r.wait(60 * time.Second); code == 0 || !strings.Contains(r.out.String(), "does not fit the avro schema") {
+		t.Fatalf("replay exited %d, want it to stop at the third row naming it:\n%s", code, r.out.String())
+	}
+	for i, m := range testenv.Kafka(t).ReadAll(t, e.topic, 2, 60*time.Second) {
+		if v := referenceAvro(t, cl, m.Value); v["n"] != i+1 {
+			t.Fatalf("record %d: %v", i, v)
+		}
+	}
 }
