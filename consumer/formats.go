@@ -14,7 +14,8 @@ import (
 type Decoded struct {
 	*Message
 	// Value is the decoded value: Value.Decoded the value itself,
-	// Value.Body and Value.SchemaID the raw bytes and their schema. For a
+	// Value.Body, Value.SchemaID and Value.Schema the raw bytes and their
+	// schema. For a
 	// structured CloudEvent, the event's data decoded.
 	Value format.Value
 	// CloudEvent is set when the message carries CloudEvents attributes

@@ -37,6 +37,8 @@ type Value struct {
 	// Body is the bytes after the wire format's header (the whole value
 	// without a registry format).
 	Body []byte
+	// Schema is the registry's schema of SchemaID (its text and type).
+	Schema sr.Schema
 	// Decoded is the value: for Avro hamba/avro's generic form (records
 	// and maps as map[string]any, a union as its value or a one-entry map
 	// naming its branch, timestamps as time.Time, decimals as *big.Rat);
@@ -89,6 +91,9 @@ func (d *Decoder) Decode(ctx context.Context, f Format, b []byte) (Value, error)
 	c, err := d.sc.forID(ctx, f, "", id, "")
 	if err != nil {
 		return v, err
+	}
+	if ws, ok := c.(withSchema); ok {
+		v.Schema = ws.schema
 	}
 	if v.Decoded, err = c.decode(v.Body, v.Index); err != nil {
 		return v, &undecodable{fmt.Errorf("%s schema id %d: %w", f, id, err)}

@@ -43,7 +43,7 @@ func TestDecodeWhatEncodeWrote(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: %v", mode, err)
 		}
-		if m := v.Decoded.(map[string]any); v.SchemaID != 1 || m["qty"] != 2 || m["id"] != "7b0e5a4e-1c1a-4f7e-9b51-0d3c2a1e9f00" {
+		if m := v.Decoded.(map[string]any); v.SchemaID != 1 || v.Schema.Schema != orderSchema || m["qty"] != 2 || m["id"] != "7b0e5a4e-1c1a-4f7e-9b51-0d3c2a1e9f00" {
 			t.Fatalf("%q: decoded %+v", mode, v)
 		}
 	}

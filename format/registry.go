@@ -34,6 +34,12 @@ type codec interface {
 	recordName() string
 }
 
+// withSchema is a codec with the registry's schema it was made from.
+type withSchema struct {
+	codec
+	schema sr.Schema
+}
+
 // schemas caches what the registry said: the id for a subject (the latest
 // version for CacheTTL, a pinned version for good) and the codec for an id
 // (ids never change meaning). Safe for concurrent use.
@@ -152,6 +158,7 @@ func (s *schemas) remember(f Format, message string, id int, sch sr.Schema) (cod
 	if err != nil {
 		return nil, &SchemaError{Format: f, ID: id, Err: err}
 	}
+	c = withSchema{codec: c, schema: sch}
 	s.mu.Lock()
 	s.byID[key] = c
 	s.mu.Unlock()
