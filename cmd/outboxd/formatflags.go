@@ -87,6 +87,17 @@ func (f *formatOpts) config(o *options) (format.Config, error) {
 	if c.Value.Format != format.Raw && o.pub.ValueEncoding == outbox.JSONString {
 		errs = append(errs, errors.New("--value-format writes the payload itself: drop --value-encoding json-string (or --format debezium's), or --value-format"))
 	}
+	if binaryValue := c.Value.Format == format.Avro || c.Value.Format == format.Protobuf || c.Value.Format == format.JSONSchema ||
+		c.CloudEvents == format.Structured; binaryValue {
+		// A hook gets the record's value as $3: encoded, it is no longer
+		// the payload (and a wire format's bytes are not text).
+		hooks, _ := outbox.ParseHooks(o.hooks) // validateRun reports a bad one
+		for topic, sql := range hooks {
+			if strings.Contains(sql, "$3") {
+				errs = append(errs, fmt.Errorf("--hook for %q uses $3, the payload, which --value-format %s / --cloudevents %s replace with the encoded value: use $1 and $2 only", topic, c.Value.Format, c.CloudEvents))
+			}
+		}
+	}
 	if k := c.Key.Format; k != format.Raw && k != format.String && o.pub.KeyEncoding == outbox.JSONString {
 		errs = append(errs, errors.New("--key-format writes the key itself: drop --key-encoding json-string, or --key-format"))
 	}

@@ -24,6 +24,7 @@ func TestFormatFlagsRefuseWhatCannotWork(t *testing.T) {
 		{[]string{"--value-format", "avro", "--schema-registry-url", "http://r", "--auto-register-schemas"}, "--value-schema-file"},
 		{[]string{"--value-schema-id", "3"}, "only used with avro, protobuf or json-schema"},
 		{[]string{"--cloudevents", "both"}, `cloudevents mode "both"`},
+		{[]string{"--cloudevents", "structured", "--hook", "t=SELECT $3::text"}, `--hook for "t" uses $3`},
 		{[]string{"--format", "debezium", "--value-format", "json"}, "drop --value-encoding json-string"},
 		{[]string{"--value-format", "avro", "--schema-registry-url", "http://r", "--auto-register-schemas", "--value-schema-file", "/nonexistent.avsc"}, "--value-schema-file"},
 	} {
