@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 const orderSchema = `{
@@ -107,7 +108,7 @@ func TestEncodeAvroBadPayloadIsPoison(t *testing.T) {
 		before := string(r.Value)
 		err := e.Encode(context.Background(), r)
 		var bad *BadPayloadError
-		if !errors.As(err, &bad) || !errors.Is(err, kafka.ErrPoison) {
+		if !errors.As(err, &bad) || !errors.Is(err, kafka.ErrPoison) || !outbox.Halts(err) {
 			t.Fatalf("%s: err = %v, want a poison BadPayloadError", payload, err)
 		}
 		if string(r.Value) != before {
@@ -121,7 +122,7 @@ func TestEncodeRegistryErrorsAreNotPoison(t *testing.T) {
 	e := newTestEncoder(t, Config{Value: Side{Format: Avro}}, reg)
 	err := e.Encode(context.Background(), record(`{}`))
 	var re *RegistryError
-	if !errors.As(err, &re) || errors.Is(err, kafka.ErrPoison) || re.Subject != "orders-value" {
+	if !errors.As(err, &re) || errors.Is(err, kafka.ErrPoison) || outbox.Halts(err) || re.Subject != "orders-value" {
 		t.Fatalf("no subject: err = %v, want a RegistryError for orders-value", err)
 	}
 	reg.down = true
