@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
@@ -153,4 +155,21 @@ func (f *formatOpts) client() (*sr.Client, error) {
 		return nil, fmt.Errorf("--schema-registry-url: %w", err)
 	}
 	return cl, nil
+}
+
+// checkRegistry asks the registry for its subjects, as config check
+// --connect's item: a wrong URL or refused credentials show there. run
+// itself does not stop on it; its sessions retry until the registry
+// answers.
+func (f *formatOpts) checkRegistry(ctx context.Context) error {
+	cl, err := f.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := cl.Subjects(ctx); err != nil {
+		return fmt.Errorf("list subjects: %w", err)
+	}
+	return nil
 }

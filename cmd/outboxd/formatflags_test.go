@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -46,5 +49,26 @@ func TestFormatFlagsRefuseWhatCannotWork(t *testing.T) {
 	c, err := o.formats.config(o)
 	if err != nil || c.Value.Format != format.Avro || c.Source != "postgresql://db:5432/app/public.events" {
 		t.Fatalf("config %+v, %v: want ce_source from the DSN without its user", c, err)
+	}
+}
+
+// TestCheckRegistry: config check --connect's registry item fails on a
+// registry that refuses the credentials, and passes on one that answers.
+func TestCheckRegistry(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, _ := r.BasicAuth(); u != "outboxd" || p != "right" {
+			http.Error(w, `{"error_code":40101,"message":"Unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		_, _ = w.Write([]byte(`["orders-value"]`))
+	}))
+	defer srv.Close()
+	f := formatOpts{registryURL: srv.URL, registryUser: "outboxd", registryPassword: "wrong"}
+	if err := f.checkRegistry(context.Background()); err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Fatalf("wrong password: %v", err)
+	}
+	f.registryPassword = "right"
+	if err := f.checkRegistry(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
