@@ -45,8 +45,17 @@ func (e *Encoder) binaryHeaders(r *kafka.Record, hs []kafka.Header) []kafka.Head
 		kafka.Header{Key: "ce_source", Value: []byte(source)},
 		kafka.Header{Key: "ce_type", Value: []byte(typ)},
 		kafka.Header{Key: "ce_time", Value: []byte(ts)},
-		kafka.Header{Key: "content-type", Value: []byte(e.cfg.Value.Format.ContentType())},
+		kafka.Header{Key: "content-type", Value: []byte(e.contentType(r.Value))},
 	)
+}
+
+// contentType is the value's media type: its format's, or, for a raw
+// payload that is not JSON (a bytea column), application/octet-stream.
+func (e *Encoder) contentType(value []byte) string {
+	if e.cfg.Value.Format == Raw && value != nil && !json.Valid(value) {
+		return "application/octet-stream"
+	}
+	return e.cfg.Value.Format.ContentType()
 }
 
 // structuredEvent is the JSON event format's shape (CloudEvents' JSON

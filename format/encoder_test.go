@@ -261,3 +261,16 @@ func TestCloudEventsStructured(t *testing.T) {
 		t.Fatalf("tombstone: err %v value %q", err, tomb.Value)
 	}
 }
+
+func TestCloudEventsBinaryContentTypeOfARawPayload(t *testing.T) {
+	e := newTestEncoder(t, Config{CloudEvents: Binary, Source: "/s"}, nil)
+	for payload, want := range map[string]string{`{"a":1}`: "application/json", "\x00\x01 not json": "application/octet-stream"} {
+		r := record(payload)
+		if err := e.Encode(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+		if got := headerValue(r.Headers, "content-type"); got != want || string(r.Value) != payload {
+			t.Fatalf("%q: content-type %q (want %q), value %q", payload, got, want, r.Value)
+		}
+	}
+}
