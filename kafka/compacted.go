@@ -1,12 +1,10 @@
 package kafka
 
 import (
-	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -52,23 +50,37 @@ func EnsureCompactedTopic(cfg Config, topic string) error {
 	return nil
 }
 
-// ReadCompacted reads topic from its start to its high watermark as a
-// read_committed consumer would (records of aborted transactions skipped)
-// and returns the last value of every key.
+// ReadCompacted reads topic from its start to the high watermark noted
+// when the read starts and returns the latest committed value of every key.
 //
-// A read_committed fetch stops at the last stable offset: an open
-// transaction of any producer — another deployment sharing the topic —
-// hides every later record of its partition until it ends. Stopping there
-// could return an older checkpoint than the latest one committed, so the
-// read goes on to the high watermark noted when it started, waiting for
-// open transactions to end (they do within their producer's transaction
-// timeout, at most the brokers' transaction.max.timeout.ms) until
-// cfg.CheckpointReadTimeout; then it fails with an *OpenTxnError naming
-// the transactions in the way.
+// It reads read_uncommitted and decides each transactional record by its
+// own producer's marker: a record counts once the COMMIT marker of its
+// producer's transaction is read, never when an ABORT marker follows, and
+// not while its transaction is still open at the high watermark (the value
+// before it stands: what read_committed readers see until that transaction
+// ends). A read_committed fetch would stop at the partition's last stable
+// offset instead, where any producer's open transaction — another
+// deployment sharing the topic — hides every later record until it ends:
+// up to that producer's transaction timeout, or for good while a killed
+// instance is not restarted. Here no other producer's transaction can hide
+// or delay a key's value: the read never waits, and a key written only by
+// one transactional id (a deployment's checkpoint) depends only on that
+// id's transactions — which the caller fences first (InitProducerId aborts
+// the open one and writes its marker before it answers).
+//
+// Markers stay in a compacted log while any record of their transaction
+// does (the log cleaner removes a marker only after its transaction's
+// records), so a record whose marker is never read is open.
+// cfg.CheckpointReadTimeout bounds the whole read.
 func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]byte, error) {
 	sc, err := cfg.Sarama()
 	if err != nil {
 		return nil, err
+	}
+	if cfg.CheckpointReadTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.CheckpointReadTimeout)
+		defer cancel()
 	}
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
@@ -79,66 +91,64 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 	if err != nil {
 		return nil, fmt.Errorf("kafka: topic %q: %w", topic, err)
 	}
-	latest := map[string][]byte{}
-	deadline := time.Now().Add(cfg.CheckpointReadTimeout)
+	latest := map[string]keyValue{}
 	for _, p := range parts {
 		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
 		if err != nil {
 			return nil, fmt.Errorf("kafka: %s/%d high watermark: %w", topic, p, err)
 		}
-		r := &partitionReader{client: client, topic: topic, part: p, hwm: hwm, deadline: deadline, started: time.Now()}
+		r := &partitionReader{client: client, topic: topic, part: p, hwm: hwm}
 		if err := r.read(ctx, latest); err != nil {
+			if ctx.Err() != nil && cfg.CheckpointReadTimeout > 0 {
+				return nil, fmt.Errorf("kafka: reading %s/%d did not finish within %s (--checkpoint-read-timeout): %w", topic, p, cfg.CheckpointReadTimeout, err)
+			}
 			return nil, err
 		}
 	}
-	return latest, nil
-}
-
-// OpenTxnError means a read_committed read could not reach the high
-// watermark: a transaction stayed open past the read's deadline.
-type OpenTxnError struct {
-	Topic     string
-	Partition int32
-	Stable    int64 // last stable offset reached
-	HighWater int64
-	// Holders are the open transactions on the partition, as far as the
-	// brokers tell (DescribeProducers, ListTransactions): "transactional
-	// id (producer id P since offset O)".
-	Holders []string
-	Waited  time.Duration
-}
-
-func (e *OpenTxnError) Error() string {
-	holders := "unknown (the brokers did not say)"
-	if len(e.Holders) > 0 {
-		holders = strings.Join(e.Holders, ", ")
+	out := make(map[string][]byte, len(latest))
+	for k, kv := range latest {
+		if kv.value != nil {
+			out[k] = kv.value
+		}
 	}
-	return fmt.Sprintf("kafka: %s/%d: an open transaction hides offsets %d to %d from read_committed readers after waiting %s; held by %s: it ends when its producer commits or its transaction timeout aborts it (kafka-transactions.sh --bootstrap-server <broker> abort can end it sooner); use a checkpoint topic per deployment (--checkpoint-topic) so others' transactions cannot hold yours",
-		e.Topic, e.Partition, e.Stable, e.HighWater, e.Waited.Round(100*time.Millisecond), holders)
+	return out, nil
+}
+
+// keyValue is a key's latest committed value (nil: a tombstone) and its offset.
+type keyValue struct {
+	offset int64
+	value  []byte
 }
 
 // partitionReader reads one partition of a compacted topic up to hwm.
 type partitionReader struct {
-	client   sarama.Client
-	topic    string
-	part     int32
-	hwm      int64
-	deadline time.Time
-	started  time.Time
+	client sarama.Client
+	topic  string
+	part   int32
+	hwm    int64
 }
 
-func (pr *partitionReader) read(ctx context.Context, latest map[string][]byte) error {
+// pendingRecord is a record of a transaction whose marker is not read yet.
+type pendingRecord struct {
+	key    string
+	offset int64
+	value  []byte
+}
+
+func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue) error {
 	client, topic, part := pr.client, pr.topic, pr.part
 	off, err := client.GetOffset(topic, part, sarama.OffsetOldest)
 	if err != nil {
 		return fmt.Errorf("kafka: %s/%d start offset: %w", topic, part, err)
 	}
-	// Producers whose aborted transaction the fetch position is inside, and
-	// the aborted transactions not reached yet, by first offset.
-	abortedPIDs := map[int64]bool{}
-	var abortedTxns []*sarama.AbortedTransaction
-	seen := map[sarama.AbortedTransaction]bool{}
-	for {
+	put := func(key string, o int64, value []byte) {
+		if cur, ok := latest[key]; !ok || o > cur.offset {
+			latest[key] = keyValue{offset: o, value: value}
+		}
+	}
+	// The records of each producer's transaction not decided yet.
+	pending := map[int64][]pendingRecord{}
+	for off < pr.hwm {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -147,7 +157,7 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string][]byte) e
 			return fmt.Errorf("kafka: %s/%d leader: %w", topic, part, err)
 		}
 		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: 16 << 20,
-			Isolation: sarama.ReadCommitted}
+			Isolation: sarama.ReadUncommitted}
 		req.AddBlock(topic, part, off, 8<<20, -1)
 		resp, err := b.Fetch(req)
 		if err != nil {
@@ -160,53 +170,36 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string][]byte) e
 		if !errors.Is(block.Err, sarama.ErrNoError) {
 			return fmt.Errorf("kafka: fetch %s/%d: %w", topic, part, block.Err)
 		}
-		lso := block.LastStableOffset
-		if off >= pr.hwm {
-			return nil
-		}
-		if off >= lso {
-			// Everything stable is read; an open transaction holds the rest.
-			if err := pr.waitOpenTxn(off); err != nil {
-				return err
-			}
-			continue
-		}
-		for _, at := range block.AbortedTransactions {
-			if !seen[*at] && at.FirstOffset >= off {
-				seen[*at] = true
-				abortedTxns = append(abortedTxns, at)
-			}
-		}
-		slices.SortFunc(abortedTxns, func(a, b *sarama.AbortedTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
 		progressed := false
 		for _, rs := range block.RecordsSet {
 			rb := rs.RecordBatch
-			if rb == nil {
+			if rb == nil || rb.FirstOffset >= pr.hwm {
 				continue
 			}
 			last := rb.FirstOffset + int64(rb.LastOffsetDelta)
 			if last < off {
 				continue
 			}
-			for len(abortedTxns) > 0 && abortedTxns[0].FirstOffset <= rb.FirstOffset {
-				abortedPIDs[abortedTxns[0].ProducerID] = true
-				abortedTxns = abortedTxns[1:]
-			}
 			switch {
 			case rb.Control:
-				delete(abortedPIDs, rb.ProducerID) // the end of its transaction
-			case rb.IsTransactional && abortedPIDs[rb.ProducerID]:
-				// aborted: never visible to read_committed readers
+				// The end of the producer's transaction: its records count
+				// if it committed.
+				if len(rb.Records) > 0 && controlType(rb.Records[0].Key) == sarama.ControlRecordCommit {
+					for _, r := range pending[rb.ProducerID] {
+						put(r.key, r.offset, r.value)
+					}
+				}
+				delete(pending, rb.ProducerID)
 			default:
 				for _, r := range rb.Records {
 					o := rb.FirstOffset + r.OffsetDelta
-					if o < off || o >= lso {
+					if o < off || o >= pr.hwm {
 						continue
 					}
-					if r.Value == nil {
-						delete(latest, string(r.Key)) // a tombstone
+					if rb.IsTransactional {
+						pending[rb.ProducerID] = append(pending[rb.ProducerID], pendingRecord{string(r.Key), o, r.Value})
 					} else {
-						latest[string(r.Key)] = r.Value
+						put(string(r.Key), o, r.Value)
 					}
 				}
 			}
@@ -214,81 +207,32 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string][]byte) e
 			progressed = true
 		}
 		if !progressed {
-			if len(block.RecordsSet) == 0 && off < lso {
+			if len(block.RecordsSet) == 0 && off < block.HighWaterMarkOffset {
 				// Nothing came although records are there (a batch larger
 				// than the fetch): give up loudly rather than loop.
-				return fmt.Errorf("kafka: fetch %s/%d at offset %d returned nothing below the last stable offset %d", topic, part, off, lso)
+				return fmt.Errorf("kafka: fetch %s/%d at offset %d returned nothing below the high watermark %d", topic, part, off, block.HighWaterMarkOffset)
 			}
-			time.Sleep(10 * time.Millisecond)
+			if off < pr.hwm {
+				// A new leader may briefly answer with a lower high
+				// watermark than the one noted: ask again.
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 	}
-}
-
-// waitOpenTxn paces the read while an open transaction holds the partition
-// at stable offset off, and fails once the deadline passed.
-func (pr *partitionReader) waitOpenTxn(off int64) error {
-	now := time.Now()
-	if now.After(pr.deadline) {
-		return &OpenTxnError{Topic: pr.topic, Partition: pr.part, Stable: off, HighWater: pr.hwm,
-			Holders: openTxnHolders(pr.client, pr.topic, pr.part), Waited: now.Sub(pr.started)}
-	}
-	time.Sleep(50 * time.Millisecond) // the fetch itself waited up to 100 ms
 	return nil
 }
 
-// openTxnHolders names the open transactions on a partition, as far as the
-// brokers tell: DescribeProducers (Kafka ≥ 3.0) gives the producer ids
-// with a transaction open, ListTransactions their transactional ids.
-func openTxnHolders(client sarama.Client, topic string, part int32) []string {
-	leader, err := client.Leader(topic, part)
-	if err != nil {
-		return nil
+// controlType is the type of a control record from its key (version,
+// type: two big-endian int16).
+func controlType(key []byte) sarama.ControlRecordType {
+	if len(key) < 4 {
+		return sarama.ControlRecordUnknown
 	}
-	resp, err := leader.DescribeProducers(&sarama.DescribeProducersRequest{
-		Topics: []sarama.DescribeProducersRequestTopic{{Name: topic, PartitionIndexes: []int32{part}}}})
-	if err != nil {
-		return nil
+	switch binary.BigEndian.Uint16(key[2:4]) {
+	case 0:
+		return sarama.ControlRecordAbort
+	case 1:
+		return sarama.ControlRecordCommit
 	}
-	open := map[int64]int64{} // producer id → first offset of its open transaction
-	for _, t := range resp.Topics {
-		for _, p := range t.Partitions {
-			for _, ps := range p.ActiveProducers {
-				if ps.CurrentTxnStartOffset >= 0 {
-					open[ps.ProducerID] = ps.CurrentTxnStartOffset
-				}
-			}
-		}
-	}
-	if len(open) == 0 {
-		return nil
-	}
-	ids := make([]int64, 0, len(open))
-	for id := range open {
-		ids = append(ids, id)
-	}
-	names := map[int64]string{}
-	// DurationFilter -1: none (0 is refused by version 0).
-	req := &sarama.ListTransactionsRequest{ProducerIDFilters: ids, DurationFilter: -1}
-	for _, b := range client.Brokers() { // each broker lists what it coordinates
-		lt, err := b.ListTransactions(req)
-		if err != nil {
-			_ = b.Open(client.Config())
-			if lt, err = b.ListTransactions(req); err != nil {
-				continue
-			}
-		}
-		for _, ts := range lt.TransactionStates {
-			names[ts.ProducerID] = ts.TransactionalID
-		}
-	}
-	slices.Sort(ids)
-	out := make([]string, 0, len(ids))
-	for _, id := range ids {
-		name := names[id]
-		if name == "" {
-			name = "an unnamed transactional id"
-		}
-		out = append(out, fmt.Sprintf("%q (producer id %d, open since offset %d)", name, id, open[id]))
-	}
-	return out
+	return sarama.ControlRecordUnknown
 }

@@ -46,8 +46,8 @@ type Config struct {
 	// looked up even when nothing fails, which is how a partition count
 	// change is noticed. Zero: only on errors.
 	MetadataRefresh time.Duration
-	// CheckpointReadTimeout bounds how long ReadCompacted waits for other
-	// producers' open transactions to end (see ReadCompacted).
+	// CheckpointReadTimeout bounds a ReadCompacted (brokers that do not
+	// answer; it never waits for open transactions). Zero: no bound.
 	CheckpointReadTimeout time.Duration
 	// RequestTimeout is how long a broker may wait for the in-sync
 	// replicas before answering a produce request; the connection's read
@@ -89,9 +89,9 @@ func DefaultConfig() Config {
 
 		UnknownTopicTimeout: 30 * time.Second,
 		MetadataRefresh:     30 * time.Second,
-		// The brokers' default transaction.max.timeout.ms: no transaction
-		// stays open longer unless the brokers allow it.
-		CheckpointReadTimeout: 15 * time.Minute,
+		// The read waits for no transaction (see ReadCompacted): a minute
+		// is for brokers slow to answer, as the start checks allow.
+		CheckpointReadTimeout: time.Minute,
 
 		// Above the 2-minute delivery timeout (see Validate), with room for
 		// a commit's own retries, and well under the brokers' default cap

@@ -30,7 +30,7 @@ var groupExact = map[string]int{
 	"pg-dsn": 0, "slot": 0, "publication": 0, "schema": 0, "table": 0, "failover-slot": 0,
 	"no-create": 0, "status-interval": 0, "server-timeout": 0,
 	"default-topic": 2, "source": 2, "format": 2, "topic-template": 2,
-	"delivery": 3, "checkpoint-topic": 3, "checkpoint-interval": 3, "accept-gap": 3,
+	"delivery": 3, "checkpoint-topic": 3, "checkpoint-interval": 3, "checkpoint-read-timeout": 3, "accept-gap": 3,
 	"dead-letter-topic": 3, "max-in-flight-events": 3, "max-in-flight-bytes": 3,
 	"kafka-txn-max-events": 3, "kafka-txn-max-age": 3, "kafka-txn-timeout": 3,
 	"crash-after-produce": 6,

@@ -15,11 +15,13 @@ type kafkaTopicOpts struct {
 	txnTimeout          time.Duration
 	unknownTopicTimeout time.Duration
 	metadataRefresh     time.Duration
+	checkpointRead      time.Duration
 }
 
 func (o *kafkaTopicOpts) addFlags(fs *flag.FlagSet, k kafka.Config) {
 	fs.DurationVar(&o.txnTimeout, "kafka-txn-timeout", k.TransactionTimeout, "exactly-once: how long the Kafka coordinator lets a transaction stay open before it aborts it; must exceed --kafka-delivery-timeout and stay within the brokers' transaction.max.timeout.ms (15m by default); a PostgreSQL transaction that takes longer to publish halts outboxd with a message naming this flag")
 	fs.DurationVar(&o.unknownTopicTimeout, "kafka-unknown-topic-timeout", k.UnknownTopicTimeout, "how long a topic the brokers call unknown is looked up again (leader changes, rolling restarts) before its events are poison")
+	fs.DurationVar(&o.checkpointRead, "checkpoint-read-timeout", k.CheckpointReadTimeout, "how long reading the checkpoint topic at a session's start may take before the session restarts (the read never waits for other producers' open transactions: only for brokers that do not answer)")
 	fs.DurationVar(&o.metadataRefresh, "kafka-metadata-refresh", k.MetadataRefresh, "how often topic metadata is refreshed even when nothing fails, to notice partition count changes (0: only on errors)")
 }
 
@@ -28,6 +30,10 @@ func (o *kafkaTopicOpts) apply(k *kafka.Config, pub publisher.Config) error {
 	k.TransactionTimeout = o.txnTimeout
 	k.UnknownTopicTimeout = o.unknownTopicTimeout
 	k.MetadataRefresh = o.metadataRefresh
+	k.CheckpointReadTimeout = o.checkpointRead
+	if o.checkpointRead <= 0 {
+		return fmt.Errorf("--checkpoint-read-timeout must be > 0, got %s", o.checkpointRead)
+	}
 	if pub.Delivery != publisher.ExactlyOnce {
 		return nil
 	}

@@ -69,6 +69,11 @@ type statusPublication struct {
 	Tables []string `json:"tables"`
 }
 
+// statusCheckpointReadTimeout is status's default for reading the checkpoint
+// topic: a check should answer soon, and the read has no open transaction to
+// wait for.
+const statusCheckpointReadTimeout = 30 * time.Second
+
 // errStatus makes "outboxd status" exit 1 after it printed its report.
 var errStatus = errors.New("status: problems found")
 
@@ -82,6 +87,7 @@ func cmdStatus(ctx context.Context, args []string) error {
 	allowInactive := fs.Bool("allow-inactive", false, "an inactive slot (no outboxd streaming) is not a problem")
 	brokers := fs.String("kafka-brokers", "", "also read outboxd's checkpoint from Kafka and show it next to the slot's position")
 	cpTopic := fs.String("checkpoint-topic", publisher.DefaultConfig().CheckpointTopic, "with --kafka-brokers: the checkpoint topic")
+	cpRead := fs.Duration("checkpoint-read-timeout", statusCheckpointReadTimeout, "with --kafka-brokers: how long reading the checkpoint topic may take (it never waits for open transactions, only for brokers that do not answer)")
 	o.kafkaSec.AddFlags(fs)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -99,6 +105,7 @@ func cmdStatus(ctx context.Context, args []string) error {
 		k := kafka.DefaultConfig()
 		k.Brokers = strings.Split(*brokers, ",")
 		k.Security = o.kafkaSec
+		k.CheckpointReadTimeout = *cpRead
 		if err := addCheckpoint(ctx, &rep, k, *cpTopic, o.slot.Slot); err != nil {
 			return err
 		}
