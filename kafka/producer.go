@@ -103,6 +103,10 @@ type Producer struct {
 	// added (unix ns; zero: none open). Atomic: the coordinator calls
 	// classify errors from their own goroutines.
 	txnOpened atomic.Int64
+	// txnTroubled is set when a request of the current transaction had to
+	// be sent again (a produce or a coordinator request that failed with
+	// a retriable error): Kafka was failing while it was open.
+	txnTroubled atomic.Bool
 
 	// testRespond, when set, runs before a produce response reaches run,
 	// in its own goroutine (tests hold responses with it).

@@ -78,8 +78,16 @@ func (p *Producer) classifyTxnErr(err error) error {
 	// A transaction open past its timeout was aborted by the coordinator,
 	// which bumped the epoch: whichever of the three answers follows
 	// (EndTxn and AddPartitions say PRODUCER_FENCED), the cause is the
-	// timeout, not another outboxd.
+	// timeout, not another outboxd. It is a halt only when Kafka answered
+	// every request of the transaction at once: then what it held was too
+	// large to publish within the timeout, and would be again. When
+	// requests had to be sent again (a leader or the coordinator away, not
+	// enough replicas), the outage made it late: a restart publishes it.
 	if open := p.txnAge(); epochErr && open >= p.cfg.TransactionTimeout {
+		if p.txnTroubled.Load() {
+			return fmt.Errorf("%w: the transaction outlived --kafka-txn-timeout=%s (open %s) while Kafka failed requests: %w",
+				ErrTxnLost, p.cfg.TransactionTimeout, open.Round(time.Millisecond), err)
+		}
 		return &TxnTimeoutError{Open: open, Timeout: p.cfg.TransactionTimeout, Err: fmt.Errorf("%w: %w", ErrTxnLost, err)}
 	}
 	switch {
@@ -164,6 +172,7 @@ func (p *Producer) coordinatorCall(what string, deadline time.Time, fn func(*sar
 			time.Sleep(backoff.Exponential(time.Millisecond, p.cfg.RetryBackoffMax, attempt))
 			continue
 		}
+		p.txnTroubled.Store(true)
 		if attempt == 1 || attempt%10 == 0 {
 			p.log.Warn("kafka transaction coordinator request failed; retrying", zap.String("request", what),
 				zap.Int("attempt", attempt), zap.Error(err))
@@ -404,6 +413,7 @@ func (p *Producer) handleEnded(err error) {
 	if err == nil {
 		p.txn.added = map[topicPartition]bool{}
 		p.txnOpened.Store(0)
+		p.txnTroubled.Store(false)
 	} else {
 		p.txn.failed = err // the outcome is unknown: this producer is done
 	}

@@ -33,11 +33,17 @@ func TestKafkaTxnErrorClassification(t *testing.T) {
 		// is the cause, not another outboxd.
 		{sarama.ErrProducerFenced, 2 * time.Minute, ErrTxnTimeout, ErrFenced, "--kafka-txn-timeout"},
 		{sarama.ErrTransactionalIDAuthorizationFailed, 0, ErrNotAuthorized, ErrFenced, "--operation Write --transactional-id tx-1"},
+		// Past the timeout because Kafka failed requests meanwhile (a
+		// leader or the coordinator away): a restart, never a halt.
+		{sarama.ErrProducerFenced, -2 * time.Minute, ErrTxnLost, ErrTxnTimeout, "while Kafka failed requests"},
+		{sarama.ErrInvalidProducerEpoch, -2 * time.Minute, ErrTxnLost, ErrTxnTimeout, "while Kafka failed requests"},
 	} {
 		t.Run(fmt.Sprintf("%v/open=%s", tc.err, tc.openFor), func(t *testing.T) {
 			p := &Producer{cfg: Config{TransactionalID: "tx-1", TransactionTimeout: time.Minute}}
-			if tc.openFor > 0 {
-				p.txnOpened.Store(time.Now().Add(-tc.openFor).UnixNano())
+			// A negative openFor: open that long, with retried requests.
+			if open := tc.openFor; open != 0 {
+				p.txnTroubled.Store(open < 0)
+				p.txnOpened.Store(time.Now().Add(-max(open, -open)).UnixNano())
 			}
 			got := p.classifyTxnErr(fmt.Errorf("add partitions: %w", tc.err))
 			if !errors.Is(got, tc.want) || errors.Is(got, tc.not) || !errors.Is(got, tc.err) {
