@@ -62,7 +62,8 @@ type partitionState struct {
 }
 
 type batch struct {
-	bytes int // the records' size in the batch, at most MaxMessageBytes
+	sent  time.Time // when it was first sent
+	bytes int       // the records' size in the batch, at most MaxMessageBytes
 	recs  []*Record
 	rb    *sarama.RecordBatch
 }
@@ -77,6 +78,7 @@ func (ps *partitionState) hasWork() bool {
 func (p *Producer) take(ps *partitionState) *batch {
 	if ps.phase == partIdle {
 		ps.batch = p.newBatch(ps)
+		ps.batch.sent = p.now()
 	}
 	ps.phase = partInFlight
 	return ps.batch

@@ -103,10 +103,11 @@ type Producer struct {
 	// added (unix ns; zero: none open). Atomic: the coordinator calls
 	// classify errors from their own goroutines.
 	txnOpened atomic.Int64
-	// txnTroubled is set when a request of the current transaction had to
-	// be sent again (a produce or a coordinator request that failed with
-	// a retriable error): Kafka was failing while it was open.
-	txnTroubled atomic.Bool
+	// txnFailing is the longest time one request of the current
+	// transaction kept failing (ns): a produce batch from its first send to
+	// its last retriable failure, a coordinator request likewise. How much
+	// of the transaction's age Kafka's failures took (see classifyTxnErr).
+	txnFailing atomic.Int64
 
 	// testRespond, when set, runs before a produce response reaches run,
 	// in its own goroutine (tests hold responses with it).

@@ -181,7 +181,9 @@ func (p *Producer) retry(ps *partitionState, b *batch, err error, refresh bool) 
 		ps.failingAt = now
 	}
 	ps.attempts++
-	p.txnTroubled.Store(true)
+	if !b.sent.IsZero() {
+		p.noteTxnFailing(now.Sub(b.sent))
+	}
 	if now.Sub(ps.failingAt) >= p.cfg.DeliveryTimeout {
 		p.log.Error("kafka produce kept failing for the delivery timeout: failing the partition's records; the pipeline restarts from the last confirmed position",
 			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition),

@@ -78,15 +78,17 @@ func (p *Producer) classifyTxnErr(err error) error {
 	// A transaction open past its timeout was aborted by the coordinator,
 	// which bumped the epoch: whichever of the three answers follows
 	// (EndTxn and AddPartitions say PRODUCER_FENCED), the cause is the
-	// timeout, not another outboxd. It is a halt only when Kafka answered
-	// every request of the transaction at once: then what it held was too
-	// large to publish within the timeout, and would be again. When
-	// requests had to be sent again (a leader or the coordinator away, not
-	// enough replicas), the outage made it late: a restart publishes it.
+	// timeout, not another outboxd. Was it Kafka's failures that made it
+	// late? If the transaction fits its timeout without the longest time
+	// one of its requests kept failing (a leader or the coordinator away,
+	// not enough replicas), the outage did: a restart publishes it once
+	// Kafka is back. Otherwise what it held was too large to publish within
+	// the timeout, and would be again: a halt. So a restart happens only
+	// after a failure long enough to matter, never in a loop.
 	if open := p.txnAge(); epochErr && open >= p.cfg.TransactionTimeout {
-		if p.txnTroubled.Load() {
-			return fmt.Errorf("%w: the transaction outlived --kafka-txn-timeout=%s (open %s) while Kafka failed requests: %w",
-				ErrTxnLost, p.cfg.TransactionTimeout, open.Round(time.Millisecond), err)
+		if failing := time.Duration(p.txnFailing.Load()); open-failing < p.cfg.TransactionTimeout {
+			return fmt.Errorf("%w: the transaction outlived --kafka-txn-timeout=%s (open %s) because Kafka kept failing a request for %s: %w",
+				ErrTxnLost, p.cfg.TransactionTimeout, open.Round(time.Millisecond), failing.Round(time.Millisecond), err)
 		}
 		return &TxnTimeoutError{Open: open, Timeout: p.cfg.TransactionTimeout, Err: fmt.Errorf("%w: %w", ErrTxnLost, err)}
 	}
@@ -99,6 +101,17 @@ func (p *Producer) classifyTxnErr(err error) error {
 		return fmt.Errorf("%w: %w", ErrTxnLost, err)
 	}
 	return err
+}
+
+// noteTxnFailing records that a request of the current transaction has
+// been failing for d (see txnFailing).
+func (p *Producer) noteTxnFailing(d time.Duration) {
+	for {
+		cur := p.txnFailing.Load()
+		if int64(d) <= cur || p.txnFailing.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
 }
 
 // txnAge is how long the current transaction has been open (zero: none).
@@ -141,6 +154,7 @@ func txnVersions(v sarama.KafkaVersion) (initPID, addParts, endTxn int16) {
 // coordinatorCall runs fn against the transaction coordinator, refreshing it
 // and retrying with backoff on retriable errors, until deadline.
 func (p *Producer) coordinatorCall(what string, deadline time.Time, fn func(*sarama.Broker) error) error {
+	began := time.Now()
 	for attempt := 1; ; attempt++ {
 		var err error
 		b, cerr := p.client.TransactionCoordinator(p.cfg.TransactionalID)
@@ -172,7 +186,7 @@ func (p *Producer) coordinatorCall(what string, deadline time.Time, fn func(*sar
 			time.Sleep(backoff.Exponential(time.Millisecond, p.cfg.RetryBackoffMax, attempt))
 			continue
 		}
-		p.txnTroubled.Store(true)
+		p.noteTxnFailing(time.Since(began))
 		if attempt == 1 || attempt%10 == 0 {
 			p.log.Warn("kafka transaction coordinator request failed; retrying", zap.String("request", what),
 				zap.Int("attempt", attempt), zap.Error(err))
@@ -413,7 +427,7 @@ func (p *Producer) handleEnded(err error) {
 	if err == nil {
 		p.txn.added = map[topicPartition]bool{}
 		p.txnOpened.Store(0)
-		p.txnTroubled.Store(false)
+		p.txnFailing.Store(0)
 	} else {
 		p.txn.failed = err // the outcome is unknown: this producer is done
 	}

@@ -33,17 +33,11 @@ func TestKafkaTxnErrorClassification(t *testing.T) {
 		// is the cause, not another outboxd.
 		{sarama.ErrProducerFenced, 2 * time.Minute, ErrTxnTimeout, ErrFenced, "--kafka-txn-timeout"},
 		{sarama.ErrTransactionalIDAuthorizationFailed, 0, ErrNotAuthorized, ErrFenced, "--operation Write --transactional-id tx-1"},
-		// Past the timeout because Kafka failed requests meanwhile (a
-		// leader or the coordinator away): a restart, never a halt.
-		{sarama.ErrProducerFenced, -2 * time.Minute, ErrTxnLost, ErrTxnTimeout, "while Kafka failed requests"},
-		{sarama.ErrInvalidProducerEpoch, -2 * time.Minute, ErrTxnLost, ErrTxnTimeout, "while Kafka failed requests"},
 	} {
 		t.Run(fmt.Sprintf("%v/open=%s", tc.err, tc.openFor), func(t *testing.T) {
 			p := &Producer{cfg: Config{TransactionalID: "tx-1", TransactionTimeout: time.Minute}}
-			// A negative openFor: open that long, with retried requests.
-			if open := tc.openFor; open != 0 {
-				p.txnTroubled.Store(open < 0)
-				p.txnOpened.Store(time.Now().Add(-max(open, -open)).UnixNano())
+			if tc.openFor > 0 {
+				p.txnOpened.Store(time.Now().Add(-tc.openFor).UnixNano())
 			}
 			got := p.classifyTxnErr(fmt.Errorf("add partitions: %w", tc.err))
 			if !errors.Is(got, tc.want) || errors.Is(got, tc.not) || !errors.Is(got, tc.err) {
@@ -53,6 +47,39 @@ func TestKafkaTxnErrorClassification(t *testing.T) {
 				t.Fatalf("message %q does not say %q", got, tc.wantInText)
 			}
 		})
+	}
+}
+
+// Past its timeout, a transaction Kafka's failures made late restarts: it
+// would have fit without the longest time one of its requests kept failing
+// (a leader or the coordinator away). One that would not have fit is too
+// large for the timeout — a short retry does not change that — and halts.
+func TestKafkaTxnTimeoutAfterAnOutageRestarts(t *testing.T) {
+	for _, tc := range []struct {
+		open, failing time.Duration
+		want, not     error
+		wantInText    string
+	}{
+		{2 * time.Minute, 90 * time.Second, ErrTxnLost, ErrTxnTimeout, "kept failing a request for 1m30s"},
+		{70 * time.Second, 20 * time.Second, ErrTxnLost, ErrTxnTimeout, "kept failing a request for 20s"},
+		{2 * time.Minute, 10 * time.Second, ErrTxnTimeout, ErrFenced, "--kafka-txn-timeout"},
+		{2 * time.Minute, 0, ErrTxnTimeout, ErrFenced, "--kafka-txn-timeout"},
+	} {
+		for _, kerr := range []error{sarama.ErrProducerFenced, sarama.ErrInvalidProducerEpoch} {
+			t.Run(fmt.Sprintf("open=%s/failing=%s/%v", tc.open, tc.failing, kerr), func(t *testing.T) {
+				p := &Producer{cfg: Config{TransactionalID: "tx-1", TransactionTimeout: time.Minute}}
+				p.txnOpened.Store(time.Now().Add(-tc.open).UnixNano())
+				p.noteTxnFailing(tc.failing / 2)
+				p.noteTxnFailing(tc.failing) // the longest counts
+				got := p.classifyTxnErr(fmt.Errorf("commit transaction: %w", kerr))
+				if !errors.Is(got, tc.want) || errors.Is(got, tc.not) || !errors.Is(got, kerr) {
+					t.Fatalf("got %v, want %v and not %v", got, tc.want, tc.not)
+				}
+				if !strings.Contains(got.Error(), tc.wantInText) {
+					t.Fatalf("message %q does not say %q", got, tc.wantInText)
+				}
+			})
+		}
 	}
 }
 
