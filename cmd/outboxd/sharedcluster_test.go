@@ -1,0 +1,506 @@
+package main
+
+// Many deployments on one replicated Kafka (issue 22): one private 3-node
+// cluster, started once, its subtests one after another (three brokers and
+// five race-built outboxd are plenty for a small machine).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
+)
+
+func TestSharedCluster(t *testing.T) {
+	begin := time.Now()
+	c := testenv.StartKafkaCluster(t, 3)
+	t.Logf("3-node cluster up in %s", time.Since(begin).Round(time.Millisecond))
+	t.Run("FiveExactlyOnceDeploymentsKilledAndRestarted", func(t *testing.T) { fiveDeployments(t, c) })
+	t.Run("LeaderPausedPastTheTxnTimeout", func(t *testing.T) {
+		leaderPausedPastTxnTimeout(t, c, pauseCase{delivery: 5 * time.Second, txn: 10 * time.Second, pause: 25 * time.Second})
+	})
+	t.Run("CoordinatorPausedPastTheTxnTimeout", func(t *testing.T) {
+		// A delivery timeout above the 15 s a request to a frozen broker
+		// takes to fail: the records, then the EndTxn, each wait for it,
+		// so the transaction is past its timeout when the EndTxn reaches
+		// the coordinator that took over.
+		leaderPausedPastTxnTimeout(t, c, pauseCase{coordinator: true, delivery: 20 * time.Second, txn: 25 * time.Second, pause: 45 * time.Second})
+	})
+	t.Run("TopicDeletedUnderLoadThenRecreated", func(t *testing.T) { topicDeletedUnderLoad(t, c) })
+	t.Logf("shared cluster: %s in all", time.Since(begin).Round(time.Second))
+}
+
+// deployment is one outboxd deployment of the shared cluster: its database,
+// slot and topic, its process, its load.
+type deployment struct {
+	name   string
+	e      *env
+	d      *daemon
+	args   []string
+	writes <-chan error
+	// restartTimes are how long each restart took to stream again
+	// (start → "streaming": the slot, the fence, the checkpoint read).
+	restartTimes []time.Duration
+	kills, stops int
+	exits        []string // every exit but ours: there must be none
+}
+
+// start starts (or restarts) the deployment's outboxd and records how long
+// it took to stream.
+func (dp *deployment) start() {
+	began := time.Now()
+	dp.d = dp.e.start(dp.args...)
+	dp.restartTimes = append(dp.restartTimes, time.Since(began))
+}
+
+// publishes waits until n more records are in the deployment's topic;
+// it fails at once, with outboxd's last lines, if outboxd exited.
+func (dp *deployment) publishes(t *testing.T, n int64) {
+	t.Helper()
+	base := endOffsets(dp.e.brokers, dp.e.topic)
+	waitFor(t, time.Minute, func() bool {
+		if dp.d.exited() {
+			t.Fatalf("%s: outboxd exited (%d):\n%s", dp.name, dp.d.code, dp.d.p.Tail(10))
+		}
+		return endOffsets(dp.e.brokers, dp.e.topic) >= base+n
+	})
+}
+
+// alive notes an exit nobody asked for.
+func (dp *deployment) alive() {
+	if dp.d.exited() && !slices.Contains(dp.exits, dp.d.out.String()) {
+		dp.exits = append(dp.exits, dp.d.out.String())
+	}
+}
+
+// Five exactly-once deployments (five databases, one outboxd each) share
+// the cluster and its default checkpoint topic (outboxd.checkpoints, one
+// partition), each publishing ~50 events/s. Several are killed with -9 or
+// stopped cleanly and started again while the others — and a killed one —
+// hold open transactions, on their data topics and on the shared checkpoint
+// partition. For each deployment: 0 lost, 0 duplicates (read_committed), no
+// reordering, no exit we did not cause, no halt or fencing in its log.
+func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
+	began := time.Now()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ds := make([]*deployment, 5)
+	for i := range ds {
+		pg := testenv.Postgres(t)
+		e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, fmt.Sprintf("shared%d", i), 3),
+			slot: testenv.UniqueName("slot")}
+		e.migrate()
+		// The default checkpoint topic: shared by all five.
+		ds[i] = &deployment{name: fmt.Sprintf("d%d", i), e: e, args: []string{"--delivery", "exactly-once"}}
+	}
+	for _, dp := range ds {
+		dp.start()
+		dp.restartTimes = nil // the first start creates the slot and maybe the topic
+		dp.writes = dp.e.steady(ctx, 50)
+	}
+	for _, dp := range ds {
+		dp.publishes(t, 50)
+	}
+	t.Logf("five deployments publishing after %s", time.Since(began).Round(time.Millisecond))
+
+	// Rounds: kill -9 one of d0/d1 (mid-transaction: they publish all the
+	// time), restart one of d2/d3 cleanly while the killed one is still
+	// down (its open transaction may hold the shared checkpoint partition),
+	// then start the killed one. d4 is never touched.
+	var openAtFaults []int
+	const rounds = 6
+	for r := range rounds {
+		killed, restarted := ds[r%2], ds[2+r%2]
+		// Each round waits until the victims published since the last one.
+		for _, dp := range []*deployment{killed, restarted} {
+			dp.publishes(t, 20)
+		}
+		openAtFaults = append(openAtFaults, len(ongoingTxns(t, c.Brokers())))
+		killed.d.kill9()
+		killed.kills++
+		restarted.d.stop()
+		restarted.stops++
+		restarted.start()
+		killed.start()
+		for _, dp := range ds {
+			dp.alive()
+		}
+	}
+	// Let everyone publish a while after the last fault, then stop the load.
+	for _, dp := range ds {
+		dp.publishes(t, 50)
+	}
+	cancel()
+	for _, dp := range ds {
+		if err := <-dp.writes; err != nil {
+			t.Fatalf("%s load: %v", dp.name, err)
+		}
+	}
+	var lines []string
+	for _, dp := range ds {
+		dp.alive()
+		v, n := dp.e.delivered(3 * time.Minute)
+		out := dp.d.out.String()
+		restarts := dp.d.restarts()
+		times := make([]string, len(dp.restartTimes))
+		for i, d := range dp.restartTimes {
+			times[i] = d.Round(10 * time.Millisecond).String()
+		}
+		lines = append(lines, fmt.Sprintf("%s: %d events, %s; kill -9 %d, clean restarts %d, start→streaming [%s], restarts in the last run %v",
+			dp.name, n, v, dp.kills, dp.stops, strings.Join(times, " "), restarts))
+		if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+			t.Errorf("%s: %s", dp.name, v)
+		}
+		for _, exit := range dp.exits {
+			t.Errorf("%s exited by itself:\n%s", dp.name, exit[max(0, len(exit)-3000):])
+		}
+		if strings.Contains(out, "halting") || strings.Contains(out, "fenced") {
+			t.Errorf("%s halted or called itself fenced:\n%s", dp.name, dp.d.p.Tail(30))
+		}
+	}
+	for _, dp := range ds {
+		dp.d.stop()
+	}
+	t.Logf("five exactly-once deployments, one cluster, one checkpoint topic, %d rounds of kill -9 + clean restart "+
+		"(ongoing transactions in the cluster at each fault: %v), %s in all:\n%s",
+		rounds, openAtFaults, time.Since(began).Round(time.Second), strings.Join(lines, "\n"))
+	if slices.Max(openAtFaults) == 0 {
+		t.Errorf("no transaction was open at any fault: the case was not exercised")
+	}
+}
+
+// ongoingTxns lists the transactional ids with a transaction open
+// (state Ongoing) on any broker of the cluster.
+func ongoingTxns(t *testing.T, brokers []string) []string {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	var out []string
+	for _, b := range client.Brokers() {
+		_ = b.Open(cfg)
+		resp, err := b.ListTransactions(&sarama.ListTransactionsRequest{StateFilters: []string{"Ongoing"}, DurationFilter: -1})
+		if err != nil {
+			continue // a broker that is down coordinates nothing we can see
+		}
+		for _, ts := range resp.TransactionStates {
+			out = append(out, ts.TransactionalID)
+		}
+	}
+	return out
+}
+
+// coordinatorOf returns the index of the node coordinating a transactional
+// id (the test's only one on the cluster), -1 if none does yet.
+func coordinatorOf(t *testing.T, c *testenv.KafkaCluster) int {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	for i := range c.Len() {
+		b := sarama.NewBroker(c.Node(i).Brokers[0])
+		if err := b.Open(cfg); err != nil {
+			continue
+		}
+		resp, err := b.ListTransactions(&sarama.ListTransactionsRequest{DurationFilter: -1})
+		_ = b.Close()
+		if err == nil && len(resp.TransactionStates) > 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// pauseCase is a node frozen for longer than the transaction timeout.
+type pauseCase struct {
+	coordinator          bool // the transaction coordinator, else a leader that is not it
+	delivery, txn, pause time.Duration
+}
+
+// One exactly-once deployment under ~100 events/s, its transactions always
+// open; a node is frozen with SIGSTOP for longer than the lowered
+// --kafka-txn-timeout, so the open transaction outlives its timeout:
+// either the leader of one of its partitions that is not the transaction
+// coordinator (the coordinator aborts the transaction while the leader is
+// away), or the coordinator itself (the node that takes its transactions
+// over aborts it, and outboxd's EndTxn may meet the bumped epoch). Then:
+// outboxd recovers without halting or a restart loop, and the topic holds
+// every event once (read_committed).
+func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseCase) {
+	coordinator := pc.coordinator
+	began := time.Now()
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "txnleader", 3), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	probeTopic := c.CreateTopic(t, "probe", 1)
+	txnTimeout := pc.txn
+	d := e.start(eosArgs("--kafka-delivery-timeout", pc.delivery.String(), "--kafka-txn-timeout", txnTimeout.String())...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 100)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 200 })
+	var coord int
+	waitFor(t, 30*time.Second, func() bool { coord = coordinatorOf(t, c); return coord >= 0 })
+	victim, leads := -1, false
+	for p := range int32(3) {
+		l := c.LeaderOf(e.topic, p)
+		if coordinator && l == coord {
+			leads = true
+		}
+		if !coordinator && l != coord && l >= 0 {
+			victim = l
+			break
+		}
+	}
+	if coordinator {
+		victim = coord
+		t.Logf("pausing the coordinator, node %d (leads a partition of the topic: %v)", coord, leads)
+	} else if victim < 0 {
+		victim = c.LeaderOf(e.topic, 0)
+		t.Logf("every partition is led by the coordinator (node %d): pausing it", coord)
+	}
+	pausedAt, paused := time.Now(), true
+	c.Node(victim).Pause()
+	defer func() {
+		if paused { // a failure: give the node back
+			c.Node(victim).Resume()
+		}
+	}()
+	for time.Since(pausedAt) < pc.pause { // the fault's length, watching outboxd
+		if d.exited() {
+			t.Fatalf("outboxd exited (%d) while node %d was paused:\n%s", d.code, victim, d.p.Tail(30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.Node(victim).Resume()
+	resumed := time.Now()
+	paused = false
+	c.WaitInSync(e.topic)
+	accepted, published := recovery(t, e.brokers, e.topic, probeTopic, 2*time.Minute)
+	// A few more seconds of load: no restart loop after recovery.
+	restartsAfter := 0
+	for _, n := range d.restarts() {
+		restartsAfter += n
+	}
+	base := endOffsets(e.brokers, e.topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > base+300 })
+	restartsLater := 0
+	for _, n := range d.restarts() {
+		restartsLater += n
+	}
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(3 * time.Minute)
+	out := d.out.String()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "restarting pipeline") || strings.Contains(l, "transaction") && strings.Contains(l, "ERROR") {
+			t.Logf("outboxd: %.400s", l)
+		}
+	}
+	t.Logf("node %d (coordinator node %d) paused %s > --kafka-txn-timeout %s (--kafka-delivery-timeout %s): %d events, %s; "+
+		"resume → Kafka accepts %s, → outboxd publishes %s; restarts %v (%d after recovery); "+
+		"txn timeouts in the log %d; %s in all",
+		victim, coord, pc.pause, txnTimeout, pc.delivery, n, v, accepted.Sub(resumed).Round(time.Millisecond), published.Sub(accepted).Round(time.Millisecond),
+		d.restarts(), restartsLater-restartsAfter, strings.Count(out, "--kafka-txn-timeout"), time.Since(began).Round(time.Second))
+	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+		t.Errorf("%s", v)
+	}
+	if d.exited() || strings.Contains(out, "halting") {
+		t.Fatalf("outboxd halted (exit %d):\n%s", d.code, d.p.Tail(30))
+	}
+	if restartsLater-restartsAfter > 0 {
+		t.Errorf("outboxd restarted %d times after it had recovered: a restart loop", restartsLater-restartsAfter)
+	}
+	d.stop()
+}
+
+// A deployment's topic (6 partitions, 3 replicas) deleted under ~200
+// events/s, without a dead-letter topic: no panic; the records the brokers
+// no longer take are looked up again for --kafka-unknown-topic-timeout (3 s
+// here), then outboxd halts naming the topic and the flag, confirming
+// nothing it did not deliver. The topic is created again and outboxd
+// restarted: every row is in the old topic (read before the delete) or the
+// new one, the new one in per-key order.
+func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
+	began := time.Now()
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "deleted", 6), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	args := []string{"--kafka-unknown-topic-timeout", "3s"}
+	d := e.start(args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 200)
+	old := recordIDs(t, c.Brokers(), e.topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 600 })
+	// outboxd is frozen while the recorder catches up with what the topic
+	// holds and the topic is deleted, so that the test knows every record
+	// the delete takes away; it wakes up with events to publish and
+	// records in flight, and the load goes on.
+	_ = syscall.Kill(d.pid(), syscall.SIGSTOP)
+	last := int64(-1)
+	waitFor(t, time.Minute, func() bool {
+		n := endOffsets(e.brokers, e.topic)
+		caught := n == last && old.read() >= n
+		last = n
+		return caught
+	})
+	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.DeleteTopic(e.topic); err != nil {
+		t.Fatal(err)
+	}
+	deletedAt := time.Now()
+	_ = syscall.Kill(d.pid(), syscall.SIGCONT)
+	code := d.wait(2 * time.Minute)
+	halted := time.Since(deletedAt)
+	out := d.out.String()
+	if code == 0 || strings.Contains(out, "panic") || !strings.Contains(out, "halting") ||
+		!strings.Contains(out, e.topic) || !strings.Contains(out, "--kafka-unknown-topic-timeout") {
+		t.Fatalf("after the delete: exit %d, want a halt naming the topic and --kafka-unknown-topic-timeout, no panic:\n%s", code, d.p.Tail(20))
+	}
+	oldIDs := old.stop()
+
+	// Created again (once the brokers finished deleting it), and restarted.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := admin.CreateTopic(e.topic, &sarama.TopicDetail{NumPartitions: 6, ReplicationFactor: 3,
+			ConfigEntries: map[string]*string{"min.insync.replicas": ptr("2")}}, false)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sarama.ErrTopicAlreadyExists) || time.Now().After(deadline) {
+			t.Fatalf("recreate %s: %v", e.topic, err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling: the delete completes asynchronously
+	}
+	c.WaitInSync(e.topic)
+	restarted := time.Now()
+	d = e.start(args...)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 0 })
+	resumed := time.Since(restarted)
+	base := endOffsets(e.brokers, e.topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > base+200 })
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	fresh := map[int64]row{}
+	for id, r := range want {
+		if !oldIDs[id] {
+			fresh[id] = r
+		}
+	}
+	got := consume(t, e.brokers, e.topic, fresh, 3*time.Minute)
+	v := verify(t, want, got) // lost counts the rows only in the old topic
+	inNew := map[int64]bool{}
+	for _, m := range got {
+		if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+			inNew[id] = true
+		}
+	}
+	lost := 0
+	for id := range want {
+		if !oldIDs[id] && !inNew[id] {
+			lost++
+		}
+	}
+	t.Logf("topic deleted after %d records read from it: halt %s after the delete (exit %d); recreated, restarted → first record %s; "+
+		"%d rows: %d in the old topic, %d in the new one (%d sent again after the halt), lost %d, new topic %s; %s in all",
+		len(oldIDs), halted.Round(time.Millisecond), code, resumed.Round(time.Millisecond),
+		len(want), len(oldIDs), len(inNew), len(inNew)+len(oldIDs)-len(want), lost, v, time.Since(began).Round(time.Second))
+	t.Logf("the halt: %s", lastLine(out))
+	if lost != 0 || v.reordered != 0 || v.corrupt != 0 || v.duplicated != 0 {
+		t.Errorf("lost %d, new topic %s", lost, v)
+	}
+	if halted > 30*time.Second {
+		t.Errorf("the halt came %s after the delete, want within --kafka-unknown-topic-timeout and a few lookups", halted)
+	}
+	d.stop()
+}
+
+// idRecorder reads a topic's outbox ids as they arrive, until stopped or
+// the topic is gone.
+type idRecorder struct {
+	consumer sarama.Consumer
+	pcs      []sarama.PartitionConsumer
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	ids      map[int64]bool
+	n        int64 // records read
+}
+
+// read is how many records were read.
+func (r *idRecorder) read() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+func recordIDs(t *testing.T, brokers []string, topic string) *idRecorder {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	cfg.Consumer.Return.Errors = false
+	cons, err := sarama.NewConsumer(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := cons.Partitions(topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &idRecorder{consumer: cons, ids: map[int64]bool{}}
+	for _, p := range parts {
+		pc, err := cons.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.pcs = append(r.pcs, pc)
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			for m := range pc.Messages() {
+				id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64)
+				r.mu.Lock()
+				r.n++
+				if err == nil {
+					r.ids[id] = true
+				}
+				r.mu.Unlock()
+			}
+		}()
+	}
+	return r
+}
+
+// stop ends the reading and returns the ids read.
+func (r *idRecorder) stop() map[int64]bool {
+	for _, pc := range r.pcs {
+		pc.AsyncClose() // its Messages channel closes once it stopped
+	}
+	r.wg.Wait()
+	_ = r.consumer.Close()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ids
+}
