@@ -309,7 +309,7 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 	out := d.out.String()
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "restarting pipeline") || strings.Contains(l, "transaction") && strings.Contains(l, "ERROR") {
-			t.Logf("outboxd: %.400s", l)
+			t.Logf("outboxd: %.900s", l)
 		}
 	}
 	t.Logf("node %d (coordinator node %d) paused %s > --kafka-txn-timeout %s (--kafka-delivery-timeout %s): %d events, %s; "+
