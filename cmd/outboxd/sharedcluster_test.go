@@ -37,6 +37,7 @@ func TestSharedCluster(t *testing.T) {
 		leaderPausedPastTxnTimeout(t, c, pauseCase{coordinator: true, delivery: 20 * time.Second, txn: 25 * time.Second, pause: 45 * time.Second})
 	})
 	t.Run("TopicDeletedUnderLoadThenRecreated", func(t *testing.T) { topicDeletedUnderLoad(t, c) })
+	t.Run("TopicDeletedUnderLoadDeadLettered", func(t *testing.T) { topicDeletedDeadLettered(t, c) })
 	t.Logf("shared cluster: %s in all", time.Since(begin).Round(time.Second))
 }
 
@@ -348,28 +349,7 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 	writes := e.steady(ctx, 200)
 	old := recordIDs(t, c.Brokers(), e.topic)
 	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 600 })
-	// outboxd is frozen while the recorder catches up with what the topic
-	// holds and the topic is deleted, so that the test knows every record
-	// the delete takes away; it wakes up with events to publish and
-	// records in flight, and the load goes on.
-	_ = syscall.Kill(d.pid(), syscall.SIGSTOP)
-	last := int64(-1)
-	waitFor(t, time.Minute, func() bool {
-		n := endOffsets(e.brokers, e.topic)
-		caught := n == last && old.read() >= n
-		last = n
-		return caught
-	})
-	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.Config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
-	if err := admin.DeleteTopic(e.topic); err != nil {
-		t.Fatal(err)
-	}
-	deletedAt := time.Now()
-	_ = syscall.Kill(d.pid(), syscall.SIGCONT)
+	deletedAt := deleteWhileFrozen(t, c, e, d, old)
 	code := d.wait(2 * time.Minute)
 	halted := time.Since(deletedAt)
 	out := d.out.String()
@@ -379,20 +359,8 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 	}
 	oldIDs := old.stop()
 
-	// Created again (once the brokers finished deleting it), and restarted.
-	deadline := time.Now().Add(time.Minute)
-	for {
-		err := admin.CreateTopic(e.topic, &sarama.TopicDetail{NumPartitions: 6, ReplicationFactor: 3,
-			ConfigEntries: map[string]*string{"min.insync.replicas": ptr("2")}}, false)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, sarama.ErrTopicAlreadyExists) || time.Now().After(deadline) {
-			t.Fatalf("recreate %s: %v", e.topic, err)
-		}
-		time.Sleep(200 * time.Millisecond) // polling: the delete completes asynchronously
-	}
-	c.WaitInSync(e.topic)
+	// Created again, and restarted.
+	recreateTopic(t, c, e.topic, 6)
 	restarted := time.Now()
 	d = e.start(args...)
 	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 0 })
@@ -434,6 +402,146 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 	}
 	if halted > 30*time.Second {
 		t.Errorf("the halt came %s after the delete, want within --kafka-unknown-topic-timeout and a few lookups", halted)
+	}
+	d.stop()
+}
+
+// deleteWhileFrozen deletes e's topic while outboxd d is frozen (SIGSTOP)
+// and old, reading the topic, has caught up with it, so that the test
+// knows every record the delete takes away; outboxd wakes up with events
+// to publish and records in flight, and the load goes on. It returns when
+// the delete was made.
+func deleteWhileFrozen(t *testing.T, c *testenv.KafkaCluster, e *env, d *daemon, old *idRecorder) time.Time {
+	t.Helper()
+	_ = syscall.Kill(d.pid(), syscall.SIGSTOP)
+	defer func() { _ = syscall.Kill(d.pid(), syscall.SIGCONT) }()
+	last := int64(-1)
+	waitFor(t, time.Minute, func() bool {
+		n := endOffsets(e.brokers, e.topic)
+		caught := n == last && old.read() >= n
+		last = n
+		return caught
+	})
+	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.DeleteTopic(e.topic); err != nil {
+		t.Fatal(err)
+	}
+	return time.Now()
+}
+
+// recreateTopic creates topic again (6 partitions, 3 replicas) once the
+// brokers finished deleting it, and waits until it is in sync.
+func recreateTopic(t *testing.T, c *testenv.KafkaCluster, topic string, partitions int32) {
+	t.Helper()
+	admin, err := sarama.NewClusterAdmin(c.Brokers(), c.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 3,
+			ConfigEntries: map[string]*string{"min.insync.replicas": ptr("2")}}, false)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, sarama.ErrTopicAlreadyExists) || time.Now().After(deadline) {
+			t.Fatalf("recreate %s: %v", topic, err)
+		}
+		time.Sleep(200 * time.Millisecond) // polling: the delete completes asynchronously
+	}
+	c.WaitInSync(topic)
+}
+
+// The same with a dead-letter topic: the records the brokers no longer take
+// are dead-lettered after --kafka-unknown-topic-timeout, outboxd goes on,
+// and once the topic is created again its events go there, without a
+// restart. Every row is in the old topic, the dead-letter topic or the new
+// one, none twice.
+func topicDeletedDeadLettered(t *testing.T, c *testenv.KafkaCluster) {
+	began := time.Now()
+	pg := testenv.Postgres(t)
+	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "deleteddlq", 6), slot: testenv.UniqueName("slot")}
+	e.migrate()
+	dlq := c.CreateTopic(t, "dlq", 1)
+	d := e.start("--kafka-unknown-topic-timeout", "3s", "--dead-letter-topic", dlq)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	writes := e.steady(ctx, 200)
+	old := recordIDs(t, c.Brokers(), e.topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 600 })
+	deletedAt := deleteWhileFrozen(t, c, e, d, old)
+	waitFor(t, time.Minute, func() bool {
+		if d.exited() {
+			t.Fatalf("outboxd exited (%d) after the delete:\n%s", d.code, d.p.Tail(20))
+		}
+		return endOffsets(e.brokers, dlq) > 0
+	})
+	firstDead := time.Since(deletedAt)
+	oldIDs := old.stop()
+	recreateTopic(t, c, e.topic, 6)
+	recreated := time.Now()
+	waitFor(t, time.Minute, func() bool {
+		if d.exited() {
+			t.Fatalf("outboxd exited (%d) after the topic was recreated:\n%s", d.code, d.p.Tail(20))
+		}
+		return endOffsets(e.brokers, e.topic) > 0
+	})
+	resumed := time.Since(recreated)
+	base := endOffsets(e.brokers, e.topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > base+200 })
+	cancel()
+	if err := <-writes; err != nil {
+		t.Fatal(err)
+	}
+	want := e.rows()
+	// Records stop being dead-lettered once the topic is back: the
+	// dead-letter topic is complete by now.
+	dead := map[int64]bool{}
+	fresh := map[int64]row{}
+	for id, r := range want {
+		if !oldIDs[id] {
+			fresh[id] = r
+		}
+	}
+	inNew := map[int64]bool{}
+	for _, m := range consume(t, e.brokers, dlq, map[int64]row{}, time.Minute) {
+		if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+			dead[id] = true
+		}
+	}
+	for id := range dead {
+		delete(fresh, id)
+	}
+	got := consume(t, e.brokers, e.topic, fresh, 3*time.Minute)
+	twice := 0
+	for _, m := range got {
+		if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+			if inNew[id] || oldIDs[id] || dead[id] {
+				twice++
+			}
+			inNew[id] = true
+		}
+	}
+	lost := 0
+	for id := range want {
+		if !oldIDs[id] && !dead[id] && !inNew[id] {
+			lost++
+		}
+	}
+	t.Logf("topic deleted after %d records read from it, with a dead-letter topic: first dead letter %s after the delete; "+
+		"recreated → first record in it %s, no restart (restarts %v); %d rows: %d in the old topic, %d dead-lettered, %d in the new one, "+
+		"lost %d, twice %d; %s in all", len(oldIDs), firstDead.Round(time.Millisecond), resumed.Round(time.Millisecond), d.restarts(),
+		len(want), len(oldIDs), len(dead), len(inNew), lost, twice, time.Since(began).Round(time.Second))
+	if lost != 0 || twice != 0 {
+		t.Errorf("lost %d, twice %d", lost, twice)
+	}
+	if d.exited() || strings.Contains(d.out.String(), "panic") {
+		t.Fatalf("outboxd exited or panicked:\n%s", d.p.Tail(20))
 	}
 	d.stop()
 }
