@@ -2,8 +2,14 @@ package kafka
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/IBM/sarama"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // Another deployment's open transaction on the shared checkpoint topic
@@ -63,4 +69,137 @@ func TestReadCompactedIsNotHeldByOthersOpenTransactions(t *testing.T) {
 	if string(got["a"]) != "3" || string(got["other"]) != "open" {
 		t.Fatalf("after both commits ReadCompacted = %q, want a=3 other=open", got)
 	}
+}
+
+// A real broker whose log cleaner runs every 200 ms on a compacted topic
+// rolled every 200 ms: once the cleaner has removed the superseded records
+// and the markers of the transactions left empty, the latest committed
+// value of a key — its transaction's records cleaned around it — is still
+// read as committed: the cleaner keeps a transaction's marker while any of
+// its records stays, which the read_uncommitted reader relies on.
+func TestReadCompactedAfterTheCleanerRealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	t.Parallel()
+	srv := testenv.StartKafkaWith(t, map[string]string{
+		"log.cleaner.backoff.ms":                   "200",
+		"log.cleaner.min.compaction.lag.ms":        "0",
+		"transaction.state.log.replication.factor": "1",
+	})
+	cfg := txnConfig(srv.Brokers, "tx-cp")
+	cfg.CheckpointReadTimeout = 30 * time.Second
+	var p *Producer
+	waitFor(t, func() bool { // a new broker's coordinator may still be loading
+		var err error
+		p, err = NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+		return err == nil
+	})
+	defer func() {
+		p.Close()
+		for range p.Results() {
+		}
+	}()
+	const topic = "checkpoints"
+	admin, err := sarama.NewClusterAdmin(srv.Brokers, (&testenv.KafkaEnv{Brokers: srv.Brokers}).Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	str := func(s string) *string { return &s }
+	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 1, ReplicationFactor: 1, ConfigEntries: map[string]*string{
+		"cleanup.policy": str("compact"), "segment.ms": str("200"), "min.cleanable.dirty.ratio": str("0.01"),
+		"delete.retention.ms": str("100"), "min.compaction.lag.ms": str("0"),
+	}}, false); err != nil {
+		t.Fatal(err)
+	}
+	put := func(key, value string, commit bool) {
+		t.Helper()
+		sendAll(t, p, &Record{Topic: topic, Key: []byte(key), Value: []byte(value)})
+		if r := results(t, p, 1)[0]; r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		end := p.Commit
+		if !commit {
+			end = p.Abort
+		}
+		if err := end(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	written := 0
+	for i := 1; i <= 20; i++ {
+		put("a", fmt.Sprint(i), true)
+		put("a", fmt.Sprint("aborted-", i), false)
+		written += 4 // two records, two markers
+	}
+	// Other keys' transactions roll segments past a=20's until the cleaner
+	// has removed records (superseded values of a, aborted ones, and the
+	// markers of transactions with nothing left).
+	var held int
+	deadline := time.Now().Add(90 * time.Second)
+	for i := 0; ; i++ {
+		put(fmt.Sprint("c", i%5), fmt.Sprint(i), true)
+		written += 2
+		if i%20 == 19 {
+			if held = countRecords(t, srv.Brokers, topic); held < written-60 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the cleaner removed nothing in 90 s: %d of %d records and markers still there", held, written)
+			}
+		}
+	}
+	got, err := ReadCompacted(context.Background(), cfg, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after cleaning: %d of %d records and markers left; read a=%q", held, written, got["a"])
+	if string(got["a"]) != "20" {
+		t.Fatalf("ReadCompacted after the cleaner: a=%q, want 20 (the last committed)", got["a"])
+	}
+}
+
+// countRecords counts the records and markers a partition 0 holds.
+func countRecords(t *testing.T, brokers []string, topic string) int {
+	t.Helper()
+	client, err := sarama.NewClient(brokers, (&testenv.KafkaEnv{Brokers: brokers}).Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	hwm, err := client.GetOffset(topic, 0, sarama.OffsetNewest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := client.Leader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for off := int64(0); off < hwm; {
+		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: 16 << 20, Isolation: sarama.ReadUncommitted}
+		req.AddBlock(topic, 0, off, 8<<20, -1)
+		resp, err := b.Fetch(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		block := resp.GetBlock(topic, 0)
+		next := off
+		for _, rs := range block.RecordsSet {
+			if rb := rs.RecordBatch; rb != nil {
+				for _, r := range rb.Records {
+					if rb.FirstOffset+r.OffsetDelta >= off {
+						n++
+					}
+				}
+				next = max(next, rb.FirstOffset+int64(rb.LastOffsetDelta)+1)
+			}
+		}
+		if next == off {
+			break
+		}
+		off = next
+	}
+	return n
 }
