@@ -101,7 +101,15 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 			logger.Warn("checkpoint topic not ready; the sessions will retry", zap.String("topic", topic), zap.Error(err))
 		}
 		deps.ReadCheckpoint = func(ctx context.Context, id publisher.Identity) (*publisher.Checkpoint, error) {
-			return readCheckpoint(ctx, kcfg, topic, id)
+			began := time.Now()
+			c, err := readCheckpoint(ctx, kcfg, topic, id)
+			if err == nil {
+				// How long a session's start waited for the checkpoint: on a
+				// shared cluster, what other deployments cannot stretch.
+				logger.Info("checkpoint read", zap.String("topic", topic), zap.Bool("found", c != nil),
+					zap.Duration("took", time.Since(began).Round(time.Millisecond)))
+			}
+			return c, err
 		}
 		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
 			return replication.ReadServerHistory(ctx, o.streamConfig().ConnString)

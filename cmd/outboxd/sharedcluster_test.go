@@ -49,8 +49,9 @@ type deployment struct {
 	d      *daemon
 	args   []string
 	writes <-chan error
-	// restartTimes are how long each restart took to stream again
-	// (start → "streaming": the slot, the fence, the checkpoint read).
+	// restartTimes are how long each restart took to be ready to publish
+	// (start → "checkpoint read": the slot, the fence, the checkpoint
+	// read; "streaming" is logged when the slot is open, before both).
 	restartTimes []time.Duration
 	kills, stops int
 	exits        []string // every exit but ours: there must be none
@@ -61,6 +62,7 @@ type deployment struct {
 func (dp *deployment) start() {
 	began := time.Now()
 	dp.d = dp.e.start(dp.args...)
+	dp.d.waitLog("checkpoint read", time.Minute)
 	dp.restartTimes = append(dp.restartTimes, time.Since(began))
 }
 
@@ -137,6 +139,35 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 			dp.alive()
 		}
 	}
+	// The last round, on purpose: d0 killed while its transaction holds
+	// the shared checkpoint partition (frozen, seen open there, then
+	// killed), and left down, so that its transaction stays open for its
+	// whole --kafka-txn-timeout (5 min). d2 and d3 restart meanwhile:
+	// their checkpoint reads must neither wait for it nor miss their own
+	// latest checkpoint behind it.
+	holder := ds[0]
+	holder.publishes(t, 20)
+	attempts := killInCheckpointWindow(t, c.Brokers(), holder)
+	holder.kills++
+	var pastHolder []string
+	for _, dp := range ds[2:4] {
+		dp.publishes(t, 20)
+		if !txnOpenOnCheckpoints(t, c.Brokers(), holder.e.slot) {
+			t.Fatalf("%s's transaction no longer holds the checkpoint partition", holder.name)
+		}
+		dp.d.stop()
+		dp.stops++
+		dp.start()
+		took := dp.restartTimes[len(dp.restartTimes)-1]
+		pastHolder = append(pastHolder, fmt.Sprintf("%s %s", dp.name, took.Round(10*time.Millisecond)))
+		if took > 15*time.Second {
+			t.Errorf("%s took %s to read its checkpoint while %s's transaction held the checkpoint partition", dp.name, took, holder.name)
+		}
+	}
+	t.Logf("%s killed with its transaction open on the checkpoint partition (attempt %d); restarted past it: %s",
+		holder.name, attempts, strings.Join(pastHolder, ", "))
+	holder.start()
+
 	// Let everyone publish a while after the last fault, then stop the load.
 	for _, dp := range ds {
 		dp.publishes(t, 50)
@@ -157,7 +188,7 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 		for i, d := range dp.restartTimes {
 			times[i] = d.Round(10 * time.Millisecond).String()
 		}
-		lines = append(lines, fmt.Sprintf("%s: %d events, %s; kill -9 %d, clean restarts %d, start→streaming [%s], restarts in the last run %v",
+		lines = append(lines, fmt.Sprintf("%s: %d events, %s; kill -9 %d, clean restarts %d, start→checkpoint read [%s], restarts in the last run %v",
 			dp.name, n, v, dp.kills, dp.stops, strings.Join(times, " "), restarts))
 		if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
 			t.Errorf("%s: %s", dp.name, v)
@@ -178,6 +209,84 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 	if slices.Max(openAtFaults) == 0 {
 		t.Errorf("no transaction was open at any fault: the case was not exercised")
 	}
+}
+
+// killInCheckpointWindow kills dp's outboxd while its Kafka transaction
+// is open on the shared checkpoint partition: it freezes the process, and
+// kills it if that transaction is still open a moment later (nothing can
+// end it then but the coordinator's timeout), else lets it run and tries
+// again. It returns the attempts it took.
+func killInCheckpointWindow(t *testing.T, brokers []string, dp *deployment) int {
+	t.Helper()
+	for attempt := 1; attempt <= 300; attempt++ {
+		_ = syscall.Kill(dp.d.pid(), syscall.SIGSTOP)
+		if txnOpenOnCheckpoints(t, brokers, dp.e.slot) {
+			// An EndTxn sent just before the freeze still completes: ask
+			// again once it would have.
+			deadline := time.Now().Add(500 * time.Millisecond)
+			open := true
+			for open && time.Now().Before(deadline) {
+				open = txnOpenOnCheckpoints(t, brokers, dp.e.slot)
+			}
+			if open {
+				dp.d.kill9()
+				return attempt
+			}
+		}
+		_ = syscall.Kill(dp.d.pid(), syscall.SIGCONT)
+		dp.publishes(t, 1)
+	}
+	t.Fatalf("%s was never caught with its transaction open on the checkpoint partition", dp.name)
+	return 0
+}
+
+// txnOpenOnCheckpoints reports whether the transactional id of the
+// deployment of slot has a transaction open on outboxd.checkpoints.
+func txnOpenOnCheckpoints(t *testing.T, brokers []string, slot string) bool {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V4_1_0_0
+	client, err := sarama.NewClient(brokers, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	const topic = "outboxd.checkpoints"
+	leader, err := client.Leader(topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := leader.DescribeProducers(&sarama.DescribeProducersRequest{
+		Topics: []sarama.DescribeProducersRequestTopic{{Name: topic, PartitionIndexes: []int32{0}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open []int64
+	for _, tp := range resp.Topics {
+		for _, p := range tp.Partitions {
+			for _, ps := range p.ActiveProducers {
+				if ps.CurrentTxnStartOffset >= 0 {
+					open = append(open, ps.ProducerID)
+				}
+			}
+		}
+	}
+	if len(open) == 0 {
+		return false
+	}
+	for _, b := range client.Brokers() {
+		_ = b.Open(cfg)
+		lt, err := b.ListTransactions(&sarama.ListTransactionsRequest{ProducerIDFilters: open, DurationFilter: -1})
+		if err != nil {
+			continue
+		}
+		for _, ts := range lt.TransactionStates {
+			if strings.HasSuffix(ts.TransactionalID, slot) && ts.TransactionState == "Ongoing" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ongoingTxns lists the transactional ids with a transaction open
