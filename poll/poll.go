@@ -113,21 +113,11 @@ var (
 func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err error) {
 	var published atomic.Bool
 	defer func() { progressed = published.Load() }()
-	conns := make([]*pgx.Conn, 0, p.cfg.Workers)
-	defer func() {
-		for _, c := range conns {
-			cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = c.Close(cctx)
-			cancel()
-		}
-	}()
-	for range p.cfg.Workers {
-		c, err := pgx.ConnectConfig(ctx, p.pgcfg.Copy())
-		if err != nil {
-			return false, fmt.Errorf("poll: connect to PostgreSQL: %w", err)
-		}
-		conns = append(conns, c)
+	conns, err := p.connect(ctx)
+	if err != nil {
+		return false, err
 	}
+	defer closeConns(conns)
 	tbl, err := inspect(ctx, conns[0], p.cfg)
 	if err != nil {
 		return false, err
@@ -141,35 +131,80 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
-	var dlq outbox.DeadLetterer
-	if p.deps.NewDeadLetterer != nil {
-		if dlq, err = p.deps.NewDeadLetterer(); err != nil {
-			prod.Close()
-			for range prod.Results() {
-			}
-			return false, fmt.Errorf("%w: %w", errProducerOpen, err)
+	dlq, hooks, closeDeps, err := p.openDeps(ctx, len(conns))
+	if err != nil {
+		prod.Close()
+		for range prod.Results() {
 		}
-		if c, ok := dlq.(io.Closer); ok {
-			defer c.Close()
+		return false, err
+	}
+	defer closeDeps()
+	return false, p.runWorkers(ctx, hardCtx, conns, tbl, prod, dlq, hooks, &published)
+}
+
+// connect opens one connection per worker.
+func (p *Poller) connect(ctx context.Context) ([]*pgx.Conn, error) {
+	conns := make([]*pgx.Conn, 0, p.cfg.Workers)
+	for range p.cfg.Workers {
+		c, err := pgx.ConnectConfig(ctx, p.pgcfg.Copy())
+		if err != nil {
+			closeConns(conns)
+			return nil, fmt.Errorf("poll: connect to PostgreSQL: %w", err)
+		}
+		conns = append(conns, c)
+	}
+	return conns, nil
+}
+
+func closeConns(conns []*pgx.Conn) {
+	for _, c := range conns {
+		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = c.Close(cctx)
+		cancel()
+	}
+}
+
+// openDeps connects the dead-letterer and one hook per worker, when set.
+// closeDeps closes them; on an error they are closed already.
+func (p *Poller) openDeps(ctx context.Context, workers int) (dlq outbox.DeadLetterer, hooks []outbox.Hook, closeDeps func(), err error) {
+	var closers []io.Closer
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i].Close()
 		}
 	}
-
-	hooks := make([]outbox.Hook, len(conns))
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	if p.deps.NewDeadLetterer != nil {
+		if dlq, err = p.deps.NewDeadLetterer(); err != nil {
+			return nil, nil, nil, fmt.Errorf("%w: %w", errProducerOpen, err)
+		}
+		if c, ok := dlq.(io.Closer); ok {
+			closers = append(closers, c)
+		}
+	}
+	hooks = make([]outbox.Hook, workers)
 	if p.deps.NewHook != nil {
 		for i := range hooks {
 			h, err := p.deps.NewHook(ctx)
 			if err != nil {
-				prod.Close()
-				for range prod.Results() {
-				}
-				return false, fmt.Errorf("%w: %w", errHookOpen, err)
+				return nil, nil, nil, fmt.Errorf("%w: %w", errHookOpen, err)
 			}
 			if c, ok := h.(io.Closer); ok {
-				defer c.Close()
+				closers = append(closers, c)
 			}
 			hooks[i] = h
 		}
 	}
+	return dlq, hooks, closeAll, nil
+}
+
+// runWorkers runs one worker per connection until a stop or the first
+// failure (returned), then closes the producer and waits for its records.
+func (p *Poller) runWorkers(ctx, hardCtx context.Context, conns []*pgx.Conn, tbl *table, prod outbox.Producer, dlq outbox.DeadLetterer, hooks []outbox.Hook, published *atomic.Bool) error {
 	// readCtx stops new polls (a stop, or a worker failed); hardCtx
 	// abandons the batches in flight.
 	readCtx, cancelRead := context.WithCancel(ctx)
@@ -188,7 +223,7 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 	)
 	for i, c := range conns {
 		w := &worker{p: p, conn: c, tbl: tbl, prod: prod, dlq: dlq, hook: hooks[i],
-			acks: make(chan *kafka.Record, p.cfg.BatchSize), published: &published}
+			acks: make(chan *kafka.Record, p.cfg.BatchSize), published: published}
 		if i == 0 {
 			w.unseen = p.unseen
 		}
@@ -212,7 +247,7 @@ func (p *Poller) session(ctx, hardCtx context.Context) (progressed bool, err err
 		// Every record of the session came back to its worker's acks (Done)
 		// once Results is closed; nothing else arrives here.
 	}
-	return false, firstErr
+	return firstErr
 }
 
 // worker owns one connection and runs one polling transaction at a time.
