@@ -324,6 +324,30 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		return 0, nil
 	}
 
+	if err := w.publish(ctx); err != nil {
+		return 0, err
+	}
+	if _, err := tx.Exec(ctx, w.tbl.updateSQL, w.ids); err != nil {
+		return 0, fmt.Errorf("poll: mark published: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("poll: commit: %w", err)
+	}
+	n = len(w.events)
+	outcome := "partial"
+	if n == p.cfg.BatchSize {
+		outcome = "full"
+	}
+	p.m.Polls.WithLabelValues(outcome).Inc()
+	p.m.BatchSeconds.Observe(time.Since(began).Seconds())
+	return n, nil
+}
+
+// publish produces the batch read (w.events) and waits until every record
+// came back; the first failure is returned once all did (a shutdown timeout
+// returns at once).
+func (w *worker) publish(ctx context.Context) error {
+	p := w.p
 	now := time.Now()
 	var (
 		sent     int   // records handed to the producer or to acks
@@ -369,7 +393,7 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		select {
 		case r = <-w.acks:
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return ctx.Err()
 		}
 		size := int64(r.Size())
 		sent--
@@ -381,24 +405,7 @@ func (w *worker) batch(ctx context.Context) (n int, err error) {
 		}
 		failed = w.result(ctx, r, int(size))
 	}
-	if failed != nil {
-		return 0, failed
-	}
-
-	if _, err := tx.Exec(ctx, w.tbl.updateSQL, w.ids); err != nil {
-		return 0, fmt.Errorf("poll: mark published: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return 0, fmt.Errorf("poll: commit: %w", err)
-	}
-	n = len(w.events)
-	outcome := "partial"
-	if n == p.cfg.BatchSize {
-		outcome = "full"
-	}
-	p.m.Polls.WithLabelValues(outcome).Inc()
-	p.m.BatchSeconds.Observe(time.Since(began).Seconds())
-	return n, nil
+	return failed
 }
 
 var errNoTopic = errors.New("the row has no topic and no --default-topic is set")
