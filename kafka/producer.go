@@ -57,6 +57,16 @@ import (
 // A record comes back on Results exactly once, acknowledged or failed; the
 // acknowledged records of one partition come back in the order they were
 // sent.
+//
+// # Goroutines
+//
+// One goroutine, run, owns all state (partitions, brokers, the
+// transaction). Kafka I/O runs in goroutines run starts with spawn — one per
+// request in flight (at most one per broker), per metadata lookup, per
+// transaction call, per broker closed at shutdown — which report back on
+// channels; run waits for all of them before it returns, and Close waits
+// for run. The one goroutine that may outlive Close hands back results
+// nobody had read yet, and ends once they were.
 type Producer struct {
 	cfg     Config
 	conf    *sarama.Config
