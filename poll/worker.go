@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
+	"time"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.uber.org/zap"
+
 	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
-	"go.uber.org/zap"
-	"sync/atomic"
-	"time"
 )
 
 // worker owns one connection and runs one polling transaction at a time.
