@@ -160,6 +160,29 @@ bench-sustained: deps
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
 	$(GO) run ./bench -outboxd bin/outboxd -only sustained -out bin/bench-sustained
 
+## bench-network: issue 26's matrix (~25 min): the latency cells, a hot
+## aggregate and the 1,000,000-row drain at RTT 0, 1 and 5 ms between the
+## publishers and a broker of its own (bin/bench-network/kafka) that
+## advertises a proxy (dev/stack proxy-start, internal/netproxy); PostgreSQL
+## is the dev stack's (.devstack.env as it is — a worktree's shared stack —
+## or one started for the run). Writes bench/results/network.{md,json,png};
+## BENCH_NETWORK_ARGS adds bench flags (e.g. -quick, -rtts 0,2ms, -out DIR).
+.PHONY: bench-network
+bench-network: deps
+	@set -euo pipefail; \
+	d=$(CURDIR)/bin/bench-network; \
+	cleanup() { $(STACK) proxy-stop $$d/proxy || true; $(STACK) kafka-stop $$d/kafka || true; }; \
+	if [ ! -f .devstack.env ]; then trap 'cleanup; $(STACK) down' EXIT; $(STACK) up; else trap cleanup EXIT; fi; \
+	set -a; source ./.devstack.env; set +a; \
+	cleanup; rm -rf $$d; mkdir -p $$d; \
+	kp=$$($(STACK) free-port); cp=$$($(STACK) free-port); pp=$$($(STACK) free-port); \
+	$(STACK) kafka-init $$d/kafka $$kp $$cp --proxy $$pp; \
+	$(STACK) kafka-start $$d/kafka; \
+	$(STACK) proxy-start $$d/proxy kafka=$$pp=127.0.0.1:$$(cat $$d/kafka/proxied_port); \
+	$(GO) build -o bin/outboxd ./cmd/outboxd; \
+	OUTBOXD_KAFKA_BROKERS=127.0.0.1:$$kp $(GO) run ./bench -outboxd bin/outboxd -network \
+		-proxy-api $$(cat $$d/proxy/api) -proxy-brokers 127.0.0.1:$$pp -out bench/results $(BENCH_NETWORK_ARGS)
+
 ## bench-quick: the reduced matrix (< 3 min), the smoke test make test runs
 ## (go test ./bench); its report goes to bin/bench-quick/
 bench-quick: deps

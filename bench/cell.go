@@ -62,6 +62,13 @@ type latencyResult struct {
 	// Stages splits outboxd's own commit → Kafka time at its reader (CDC
 	// only; stages.go).
 	Stages *stageLatency `json:"stages,omitempty"`
+	// Bare is a bare producer (sarama, idempotent, acks=all, one request
+	// in flight: outboxd's settings) sending the same number of records of
+	// the same size at the same rate, through the same brokers, in the same
+	// window: send → ack per record (CDC cells, plan.BareProducer).
+	Bare *floor `json:"bare_producer,omitempty"`
+	// RTTMs is the round trip the proxy added (bench-network), ms.
+	RTTMs float64 `json:"rtt_ms"`
 	// Machine load (1-minute average) before and after.
 	LoadBefore float64 `json:"load_before"`
 	LoadAfter  float64 `json:"load_after"`
@@ -80,12 +87,16 @@ type runner struct {
 	// pprofDir, when set, receives a CPU profile of outboxd from the middle
 	// of each latency window (-pprof).
 	pprofDir string
+	// setRTT switches the proxy in front of the publishers' brokers
+	// (bench-network); rtt is the round trip it adds now.
+	setRTT func(time.Duration) error
+	rtt    time.Duration
 }
 
 // latencyCell measures one source at one load in a database and topic of
 // its own.
 func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latencyResult) {
-	res = latencyResult{Source: s.Name, Load: l, Writers: l.writers(), LoadBefore: loadAvg(), ExitCode: -1}
+	res = latencyResult{Source: s.Name, Load: l, Writers: l.writers(), LoadBefore: loadAvg(), ExitCode: -1, RTTMs: ms(r.rtt)}
 	defer func() { res.LoadAfter = loadAvg() }()
 	fail := func(err error) latencyResult {
 		res.Err = err.Error()
@@ -222,12 +233,27 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	} else {
 		close(profiled)
 	}
+	var bare chan bareResult
+	if r.plan.BareProducer && !s.Poll && !s.Debezium {
+		bare = make(chan bareResult, 1)
+		go func() {
+			f, err := bareProducer(ctx, r.stack, r.plan.Partitions, l, r.plan.Aggregates, r.plan.PayloadBytes, r.plan.Duration)
+			bare <- bareResult{f, err}
+		}()
+	}
 	began := time.Now()
 	rows, err := writeLoad(ctx, db.DSN, clk, topic, l.Rate, l.TxRows, l.writers(), r.plan.Aggregates, r.plan.PayloadBytes, r.plan.Duration)
 	if err != nil {
 		return fail(err)
 	}
 	res.WriteSeconds = time.Since(began).Seconds()
+	if bare != nil {
+		if b := <-bare; b.err != nil {
+			r.logf("  bare producer at %s: %v", l, b.err)
+		} else {
+			res.Bare = &b.f
+		}
+	}
 	res.Written = len(rows)
 	res.AchievedRate = float64(len(rows)) / res.WriteSeconds
 	publisherName := "outboxd"
@@ -282,6 +308,9 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		s.Name, l, res.P50Ms, res.P99Ms, res.MaxMs, res.AchievedRate, res.CPUMsPer1k, res.PeakRSSMiB, res.LatePartition, res.LateKey, res.LoadAfter)
 	if res.Stages != nil {
 		r.logf("  %-12s %-22s %s", "", "", res.Stages)
+	}
+	if res.Bare != nil {
+		r.logf("  %-12s %-22s bare producer, same window: p50 %.2f  p99 %.2f  max %.2f ms over %d records", "", "", res.Bare.P50Ms, res.Bare.P99Ms, res.Bare.MaxMs, res.Bare.Records)
 	}
 	return res
 }

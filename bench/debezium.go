@@ -77,7 +77,7 @@ func (r *runner) launchDebezium(db *database, slotName, pubName string, s source
 		"@PGDB@", strings.TrimPrefix(u.Path, "/"), "@SLOT@", slotName, "@PUBLICATION@", pubName,
 		"@TABLE@", "public.outbox", "@POLL_MS@", fmt.Sprint(s.PollMs)).Replace(string(tmpl))
 	worker := strings.Join([]string{
-		"bootstrap.servers=" + strings.Join(r.stack.Brokers, ","),
+		"bootstrap.servers=" + strings.Join(r.stack.pubBrokers(), ","),
 		"key.converter=org.apache.kafka.connect.storage.StringConverter",
 		"value.converter=org.apache.kafka.connect.storage.StringConverter",
 		"header.converter=org.apache.kafka.connect.storage.SimpleHeaderConverter",
@@ -134,7 +134,7 @@ func (r *runner) launch(db *database, slotName, pubName string, s source) (p *te
 		return p, done, "", err
 	}
 	metrics = fmt.Sprintf("127.0.0.1:%d", freePort())
-	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.Brokers, ","),
+	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.pubBrokers(), ","),
 		"--slot", slotName, "--publication", pubName, "--log-level", "info", "--metrics-addr", metrics}
 	if r.pprofDir != "" {
 		args = append(args, "--pprof")

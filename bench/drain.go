@@ -35,6 +35,13 @@ type drainResult struct {
 	LoadAfter      float64 `json:"load_after"`
 	ExitCode       int     `json:"exit_code"`
 	Err            string  `json:"error,omitempty"`
+	// CPUShares is how many cores each part of the machine used over the
+	// drain; "walsender" is the publisher's server backends (the walsender
+	// under CDC, the poll connections under polling): near 1 core, it is
+	// the saturated process.
+	CPUShares map[string]float64 `json:"cpu_shares,omitempty"`
+	// RTTMs is the round trip the proxy added (bench-network), ms.
+	RTTMs float64 `json:"rtt_ms"`
 	// Runs are the events/s of each ceiling run (the best one counts).
 	Runs []float64 `json:"runs,omitempty"`
 }
@@ -141,7 +148,7 @@ func (r *runner) drains(ctx context.Context) []drainResult {
 	for _, s := range cdc {
 		next(s, slotOf[s.Name])
 	}
-	if len(cdc) > 0 {
+	if len(cdc) > 0 && !p.CeilingOnce {
 		again := r.ceiling(ctx, db, ceilingSlots[1], pubName)
 		ceiling.Runs = append(ceiling.Runs, again.Runs...)
 		if again.Err == "" && (ceiling.Err != "" || again.EventsPerSec > ceiling.EventsPerSec) {
@@ -208,7 +215,7 @@ func (r *runner) ceiling(ctx context.Context, db *database, slotName, pubName st
 // drainOne starts the publisher on the backlog and waits until Kafka holds
 // want records in the topic.
 func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, topic, slotName, pubName string, s source, want int64) drainResult {
-	res := drainResult{Source: s.Name, Rows: r.plan.DrainRows, LoadBefore: loadAvg(), ExitCode: -1}
+	res := drainResult{Source: s.Name, Rows: r.plan.DrainRows, LoadBefore: loadAvg(), ExitCode: -1, RTTMs: ms(r.rtt)}
 	conn, err := db.connect(ctx)
 	if err != nil {
 		res.Err = err.Error()
@@ -226,6 +233,7 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		return res
 	}
 	defer done()
+	mach0 := sampleCPU(pub.PID(), nil)
 	var pids []int
 	var pgCPU time.Duration
 	base := want - int64(r.plan.DrainRows)
@@ -251,6 +259,11 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	publisherName := "outboxd"
+	if s.Debezium {
+		publisherName = "debezium"
+	}
+	res.CPUShares = shares(mach0, sampleCPU(pub.PID(), nil), publisherName)
 	res.Seconds = time.Since(started).Seconds()
 	res.EventsPerSec = float64(r.plan.DrainRows) / res.Seconds
 	if steady := res.Seconds - res.StartupSeconds; steady > 0 {
@@ -267,6 +280,10 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		pgCPU = c
 	}
 	res.PGCPUSeconds = pgCPU.Seconds()
+	if res.CPUShares != nil {
+		// The backends start after mach0: their whole CPU time is the drain's.
+		res.CPUShares["walsender"] = res.PGCPUSeconds / res.Seconds
+	}
 	res.ExitCode = pub.Terminate(30 * time.Second)
 	res.LoadAfter = loadAvg()
 	if !cleanExit(s, res.ExitCode) {
@@ -275,5 +292,6 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 	res.PG, _ = publisherStatements(ctx, conn)
 	r.logf("  drain %-28s %8.0f ev/s  %6.2fs (start-up %.2fs)  cpu %5.2f ms/1k  rss %4.0f MiB  load %.2f",
 		res.Source, res.EventsPerSec, res.Seconds, res.StartupSeconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
+	r.logf("  %-34s cores: %s", "", formatShares(res.CPUShares))
 	return res
 }

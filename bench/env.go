@@ -26,6 +26,19 @@ import (
 type stack struct {
 	AdminDSN string
 	Brokers  []string
+	// PubBrokers, when set, are what the publishers (outboxd, Debezium's
+	// worker) and the bare producer bootstrap from: a proxy in front of the
+	// broker that the broker advertises (make bench-network). The bench's
+	// own admin and consumer use Brokers, the direct listener.
+	PubBrokers []string
+}
+
+// pubBrokers are the publishers' brokers: PubBrokers, else Brokers.
+func (s stack) pubBrokers() []string {
+	if len(s.PubBrokers) > 0 {
+		return s.PubBrokers
+	}
+	return s.Brokers
 }
 
 // stackFromEnv reads OUTBOXD_PG_DSN and OUTBOXD_KAFKA_BROKERS, or the

@@ -31,7 +31,8 @@ type written struct {
 
 // writeLoad commits rows at rate events/s in transactions of txRows rows,
 // from writers connections, for d. Each writer owns its aggregates (key k is
-// written only by writer k % writers), so per key, commit order is id order.
+// written only by writer k % writers), so per key, commit order is id order
+// — except with one aggregate (a hot aggregate), which every writer writes.
 // Transaction j is due at start + j·txRows/rate; a writer that falls behind
 // runs late transactions back to back (the achieved rate shows it).
 func writeLoad(ctx context.Context, dsn string, clk clock, topic string, rate, txRows, writers, aggregates, payloadBytes int, d time.Duration) ([]written, error) {
@@ -92,6 +93,9 @@ func writer(ctx context.Context, dsn string, clk clock, topic string, w, writers
 		}
 		for i := range keys {
 			keys[i] = int32(w + writers*rng.IntN(perWriter))
+			if aggregates == 1 {
+				keys[i] = 0 // a hot aggregate: every writer writes the one key
+			}
 			ns[i] = int32(j)
 		}
 		rows, err := conn.Query(ctx, insertSQL, topic, pad, keys, ns)

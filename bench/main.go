@@ -47,6 +47,10 @@ func benchMain(args []string) error {
 	only := fs.String("only", "", "run only latency (\"latency\"), the drains (\"drain\") or the consumer (\"consumer\")")
 	pprofDir := fs.String("pprof", "", "write a CPU profile of outboxd from the middle of each latency window to this folder (outboxd --pprof)")
 	profile := fs.String("profile", "", "instead of the matrix: profile the CDC and poll drains in-process, writing pprof files to this folder")
+	network := fs.Bool("network", false, "the network matrix (make bench-network): every cell at each -rtts through the proxy of -proxy-api; writes network.{md,json,png}")
+	proxyAPI := fs.String("proxy-api", "", "with -network: the proxy's HTTP API (dev/stack proxy-start's DIR/api)")
+	proxyBrokers := fs.String("proxy-brokers", "", "with -network: the broker address behind the proxy, which the publishers bootstrap from")
+	rtts := fs.String("rtts", "", "with -network: comma-separated round trips instead of the plan's, e.g. 0,1ms,5ms")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -61,6 +65,30 @@ func benchMain(args []string) error {
 	p := fullPlan()
 	if *quick {
 		p = quickPlan()
+	}
+	if *network {
+		p = networkPlan()
+		if *quick {
+			p = networkQuickPlan()
+		}
+		if *rtts != "" {
+			p.RTTs = nil
+			for _, f := range strings.Split(*rtts, ",") {
+				f = strings.TrimSpace(f)
+				if f == "0" {
+					f = "0s"
+				}
+				d, err := time.ParseDuration(f)
+				if err != nil || d < 0 {
+					return fmt.Errorf("-rtts %q: want durations such as 0,1ms,5ms", f)
+				}
+				p.RTTs = append(p.RTTs, d)
+			}
+		}
+		if *proxyAPI == "" || *proxyBrokers == "" {
+			return errors.New("-network needs -proxy-api and -proxy-brokers (make bench-network starts the proxy)")
+		}
+		st.PubBrokers = strings.Split(*proxyBrokers, ",")
 	}
 	if *duration > 0 {
 		p.Duration = *duration
@@ -134,6 +162,20 @@ func benchMain(args []string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
+	}
+	if *network {
+		nr, err := runner{stack: st, bin: *bin, self: self, plan: p, logf: logf, pprofDir: *pprofDir, setRTT: httpRTT(*proxyAPI)}.network(ctx)
+		if err != nil {
+			return err
+		}
+		if err := nr.write(*out); err != nil {
+			return err
+		}
+		logf("wrote %s", *out)
+		if errs := nr.errors(); len(errs) > 0 {
+			return fmt.Errorf("%d cells failed: %w", len(errs), errors.Join(errs...))
+		}
+		return nil
 	}
 	rep, err := run(ctx, runner{stack: st, bin: *bin, self: self, plan: p, logf: logf, pprofDir: *pprofDir})
 	if err != nil {

@@ -110,6 +110,26 @@ type plan struct {
 	// only with -only sustained.
 	Sustained       []sustainedSpec `json:"sustained,omitempty"`
 	SustainedWindow time.Duration   `json:"sustained_window_ns,omitempty"`
+	// BareProducer runs a bare producer beside each CDC latency cell, at
+	// the same rate and record size in the same window (issue 26's floor).
+	BareProducer bool `json:"bare_producer"`
+	// CeilingOnce runs the drain's no-Kafka reader once, not before and
+	// after the CDC drains.
+	CeilingOnce bool `json:"ceiling_once,omitempty"`
+	// Network (make bench-network): every latency cell, the hot aggregate
+	// search and the drains at each of RTTs through the proxy.
+	RTTs []time.Duration `json:"rtts_ns,omitempty"`
+	Hot  *hotSpec        `json:"hot,omitempty"`
+}
+
+// hotSpec is the hot aggregate search: every event on one key, TxRows-row
+// transactions, rates from Start doubled until p99 ≥ 100 ms, then halved
+// towards it; at most Steps windows of Window.
+type hotSpec struct {
+	TxRows int           `json:"tx_rows"`
+	Start  int           `json:"start"`
+	Steps  int           `json:"steps"`
+	Window time.Duration `json:"window_ns"`
 }
 
 // sustainedSpec is one sustained-rate search: its transaction shape and the
@@ -156,7 +176,56 @@ func fullPlan() plan {
 			pollSource(10*time.Millisecond, b)},
 		ConsumerMessages: 20000,
 		ConsumerCells:    []consumerCell{{1, 1}, {6, 1}, {1, 100}, {6, 100}},
+		BareProducer:     true,
 	}
+}
+
+// networkPlan is make bench-network (issue 26): at a round trip of 0, 1
+// and 5 ms between every publisher and the broker, the latency cells
+// 1,000 × 1, 1,000 × 10 and 5,000 × 10 for outboxd (at-least-once and
+// exactly-once), Debezium (10 ms poll) and polling (10 ms), a bare producer
+// beside outboxd's cells, the hot aggregate search, and the 1,000,000-row
+// drain of the same four. Sized to finish in about 25 minutes.
+func networkPlan() plan {
+	b := poll.DefaultConfig().BatchSize
+	srcs := []source{cdcSource(), cdcExactlyOnce(), debeziumSource(10 * time.Millisecond), pollSource(10*time.Millisecond, b)}
+	return plan{
+		Name:         "network",
+		Sources:      srcs,
+		Loads:        []load{{1000, 1}, {1000, 10}, {5000, 10}},
+		Duration:     5 * time.Second,
+		Repeats:      2,
+		WarmMin:      20 * time.Second,
+		WarmMax:      90 * time.Second,
+		Partitions:   3,
+		Aggregates:   1000,
+		PayloadBytes: 200,
+		DrainRows:    1000000,
+		DrainTxRows:  100,
+		DrainSources: srcs,
+		BareProducer: true,
+		CeilingOnce:  true,
+		RTTs:         []time.Duration{0, time.Millisecond, 5 * time.Millisecond},
+		Hot:          &hotSpec{TxRows: 10, Start: 4000, Steps: 5, Window: 5 * time.Second},
+	}
+}
+
+// networkQuickPlan is the network matrix shrunk to a smoke test (make
+// test): two round trips, one load, a tiny drain and a two-step hot search.
+func networkQuickPlan() plan {
+	b := poll.DefaultConfig().BatchSize
+	p := networkPlan()
+	p.Name = "network-quick"
+	p.Sources = []source{cdcSource(), pollSource(10*time.Millisecond, b)}
+	p.DrainSources = p.Sources
+	p.Loads = []load{{500, 10}}
+	p.Duration = 2 * time.Second
+	p.Repeats = 1
+	p.WarmMin, p.WarmMax = 0, 2*time.Second
+	p.DrainRows = 5000
+	p.RTTs = []time.Duration{0, time.Millisecond}
+	p.Hot = &hotSpec{TxRows: 10, Start: 500, Steps: 1, Window: time.Second}
+	return p
 }
 
 // quickPlan is the smoke-test matrix: each kind of source once at one

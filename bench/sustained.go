@@ -107,7 +107,7 @@ func bottleneck(c latencyResult) string {
 
 func formatShares(m map[string]float64) string {
 	var parts []string
-	for _, k := range []string{"outboxd", "debezium", "walsender", "postgres (all)", "kafka broker", "bench (writers, consumer)", "idle"} {
+	for _, k := range []string{"outboxd", "debezium", "reader", "walsender", "postgres (all)", "kafka broker", "proxy", "bench (writers, consumer)", "idle"} {
 		if v, ok := m[k]; ok {
 			parts = append(parts, fmt.Sprintf("%s %.2f", k, v))
 		}
@@ -121,6 +121,7 @@ type cpuSample struct {
 	postgres, kafka, self time.Duration
 	idle                  time.Duration
 	publisher, walsender  time.Duration
+	proxy                 time.Duration
 }
 
 // sampleCPU reads /proc: every postgres process, the Kafka broker's JVM,
@@ -141,6 +142,10 @@ func sampleCPU(publisherPID int, walsenders []int) cpuSample {
 		case "postgres":
 			if c, err := testproc.CPUTime(pid); err == nil {
 				s.postgres += c
+			}
+		case "netproxy":
+			if c, err := testproc.CPUTime(pid); err == nil {
+				s.proxy += c
 			}
 		case "java":
 			if cmd, err := os.ReadFile(d + "/cmdline"); err == nil && strings.Contains(string(cmd), "kafka.Kafka") {
@@ -174,7 +179,7 @@ func shares(a, b cpuSample, publisher string) map[string]float64 {
 		return nil
 	}
 	cores := func(d time.Duration) float64 { return float64(d) / float64(time.Second) / sec }
-	return map[string]float64{
+	m := map[string]float64{
 		publisher:                   cores(b.publisher - a.publisher),
 		"walsender":                 cores(b.walsender - a.walsender),
 		"postgres (all)":            cores(b.postgres - a.postgres),
@@ -182,6 +187,10 @@ func shares(a, b cpuSample, publisher string) map[string]float64 {
 		"bench (writers, consumer)": cores(b.self - a.self),
 		"idle":                      cores(b.idle - a.idle),
 	}
+	if b.proxy > 0 {
+		m["proxy"] = cores(b.proxy - a.proxy)
+	}
+	return m
 }
 
 func (s sustainedResult) summary() string {

@@ -48,10 +48,11 @@ type Proxy struct {
 	faults Faults
 	// changed is closed and replaced whenever the faults change, waking
 	// pipes held by a black hole.
-	changed chan struct{}
-	conns   map[*link]struct{}
-	closed  bool
-	wg      sync.WaitGroup
+	changed  chan struct{}
+	conns    map[*link]struct{}
+	accepted int
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 // Listen starts a proxy on addr (e.g. "127.0.0.1:0") to upstream.
@@ -90,6 +91,13 @@ func (p *Proxy) Conns() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.conns)
+}
+
+// Accepted is the number of connections proxied since the start.
+func (p *Proxy) Accepted() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.accepted
 }
 
 // Reset closes every open connection (new ones are still accepted).
@@ -175,6 +183,7 @@ func (p *Proxy) serve(c net.Conn) {
 		return
 	}
 	p.conns[l] = struct{}{}
+	p.accepted++
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	wg.Add(2)
