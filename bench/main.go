@@ -132,8 +132,13 @@ func benchMain(args []string) error {
 		if *duration > 0 {
 			p.SustainedWindow = *duration
 		}
+	case "hot":
+		p.Loads, p.DrainSources, p.DrainRows, p.ConsumerCells = nil, nil, 0, nil
 	default:
-		return fmt.Errorf("-only %q: use latency, drain, consumer or sustained", *only)
+		return fmt.Errorf("-only %q: use latency, drain, consumer, sustained or (with -network) hot", *only)
+	}
+	if *only != "" && *only != "hot" {
+		p.Hot = nil
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

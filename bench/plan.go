@@ -120,6 +120,9 @@ type plan struct {
 	// search and the drains at each of RTTs through the proxy.
 	RTTs []time.Duration `json:"rtts_ns,omitempty"`
 	Hot  *hotSpec        `json:"hot,omitempty"`
+	// DebeziumRounds, when set, caps Debezium's latency rounds (its
+	// worker takes ~10 s to start per cell).
+	DebeziumRounds int `json:"debezium_rounds,omitempty"`
 }
 
 // hotSpec is the hot aggregate search: every event on one key, TxRows-row
@@ -190,23 +193,24 @@ func networkPlan() plan {
 	b := poll.DefaultConfig().BatchSize
 	srcs := []source{cdcSource(), cdcExactlyOnce(), debeziumSource(10 * time.Millisecond), pollSource(10*time.Millisecond, b)}
 	return plan{
-		Name:         "network",
-		Sources:      srcs,
-		Loads:        []load{{1000, 1}, {1000, 10}, {5000, 10}},
-		Duration:     5 * time.Second,
-		Repeats:      2,
-		WarmMin:      20 * time.Second,
-		WarmMax:      90 * time.Second,
-		Partitions:   3,
-		Aggregates:   1000,
-		PayloadBytes: 200,
-		DrainRows:    1000000,
-		DrainTxRows:  100,
-		DrainSources: srcs,
-		BareProducer: true,
-		CeilingOnce:  true,
-		RTTs:         []time.Duration{0, time.Millisecond, 5 * time.Millisecond},
-		Hot:          &hotSpec{TxRows: 10, Start: 4000, Steps: 5, Window: 5 * time.Second},
+		Name:           "network",
+		Sources:        srcs,
+		Loads:          []load{{1000, 1}, {1000, 10}, {5000, 10}},
+		Duration:       5 * time.Second,
+		Repeats:        2,
+		WarmMin:        20 * time.Second,
+		WarmMax:        90 * time.Second,
+		Partitions:     3,
+		Aggregates:     1000,
+		PayloadBytes:   200,
+		DrainRows:      1000000,
+		DrainTxRows:    100,
+		DrainSources:   srcs,
+		BareProducer:   true,
+		CeilingOnce:    true,
+		RTTs:           []time.Duration{0, time.Millisecond, 5 * time.Millisecond},
+		Hot:            &hotSpec{TxRows: 10, Start: 4000, Steps: 4, Window: 5 * time.Second},
+		DebeziumRounds: 1,
 	}
 }
 
