@@ -26,8 +26,11 @@ import (
 )
 
 func main() {
-	if os.Getenv(childEnv) == "ceiling" {
+	switch os.Getenv(childEnv) {
+	case "ceiling":
 		os.Exit(ceilingMain(os.Args[1:]))
+	case "reader":
+		os.Exit(readerMain(os.Args[1:]))
 	}
 	if err := benchMain(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -129,6 +132,7 @@ func benchMain(args []string) error {
 		p.Loads, p.DrainSources, p.DrainRows, p.ConsumerCells = nil, nil, 0, nil
 		p.Sustained = []sustainedSpec{{TxRows: 1, Start: 2000}, {TxRows: 100, Start: 20000}}
 		p.SustainedWindow = 60 * time.Second
+		p.SustainedReader = true
 		if *duration > 0 {
 			p.SustainedWindow = *duration
 		}
@@ -252,8 +256,18 @@ func run(ctx context.Context, r runner) (*report, error) {
 		sr := r
 		sr.plan.Duration = r.plan.SustainedWindow
 		for _, sp := range r.plan.Sustained {
+			var reader *sustainedResult
+			if r.plan.SustainedReader {
+				r.logf("sustained rate of the bare reader (no Kafka), %d-row transactions, windows of %s, from %d ev/s:", sp.TxRows, sr.plan.Duration, sp.Start)
+				rr := sr.sustainedOf(ctx, sp.TxRows, sp.Start, func(l load) latencyResult { return sr.readerCell(ctx, l) })
+				r.logf("  → reader: %s", rr.summary())
+				reader = &rr
+			}
 			r.logf("sustained rate, %d-row transactions, windows of %s, from %d ev/s:", sp.TxRows, sr.plan.Duration, sp.Start)
 			res := sr.sustained(ctx, sp.TxRows, sp.Start)
+			if res.Reader = reader; reader != nil && reader.Best != nil && res.Best != nil {
+				res.Fraction = float64(res.Best.Load.Rate) / float64(reader.Best.Load.Rate)
+			}
 			r.logf("  → %s", res.summary())
 			rep.Sustained = append(rep.Sustained, res)
 		}

@@ -312,6 +312,28 @@ func (r *report) markdown() string {
 			p("| %d row/tx | %s | %s | %s | %s |\n", x.TxRows, best, bp, fail, mdEscape(x.Bottleneck))
 		}
 		p("\n")
+		if r.Plan.SustainedReader {
+			p("The bare replication reader (receive + decode + confirm, no Kafka; p99 commit → read < 100 ms) through the same search, just before outboxd's; outboxd's rate as a fraction of it (issue 26's target: ≥ 90%%):\n\n")
+			p("| transaction | reader: highest rate kept up | its p50 / p99 ms | first rate that failed | walsender cores there | outboxd ÷ reader |\n|---|--:|--:|--:|--:|--:|\n")
+			for _, x := range r.Sustained {
+				rd := x.Reader
+				if rd == nil {
+					continue
+				}
+				best, bp, fail, ws, frac := "none", "–", "–", "–", "–"
+				if rd.Best != nil {
+					best, bp = fmt.Sprintf("%d ev/s", rd.Best.Load.Rate), fmt.Sprintf("%.2f / %.2f", rd.Best.P50Ms, rd.Best.P99Ms)
+				}
+				if rd.Failed != nil {
+					fail, ws = fmt.Sprintf("%d ev/s", rd.Failed.Load.Rate), fmt.Sprintf("%.2f", rd.Failed.CPUShares["walsender"])
+				}
+				if x.Fraction > 0 {
+					frac = fmt.Sprintf("%.0f%%", 100*x.Fraction)
+				}
+				p("| %d row/tx | %s | %s | %s | %s | %s |\n", x.TxRows, best, bp, fail, ws, frac)
+			}
+			p("\n")
+		}
 	}
 	if len(r.Consumer) > 0 {
 		p("## Consumer throughput (package consumer, dedup in the handler's transaction)\n\n")

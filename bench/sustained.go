@@ -28,6 +28,10 @@ type sustainedResult struct {
 	Steps  []latencyResult `json:"steps"`
 	// Bottleneck says why Failed failed, from its numbers.
 	Bottleneck string `json:"bottleneck"`
+	// Reader is the same search for the bare replication reader (no
+	// Kafka), run just before; Fraction is outboxd's best rate over its.
+	Reader   *sustainedResult `json:"reader,omitempty"`
+	Fraction float64          `json:"fraction_of_reader,omitempty"`
 }
 
 // keptUp: every row arrived, p99 under 100 ms, and the writers achieved
@@ -37,9 +41,14 @@ func keptUp(c latencyResult) bool {
 }
 
 func (r *runner) sustained(ctx context.Context, txRows, start int) sustainedResult {
+	return r.sustainedOf(ctx, txRows, start, func(l load) latencyResult { return r.latencyCell(ctx, cdcSource(), l) })
+}
+
+// sustainedOf is the search with cell measuring one window.
+func (r *runner) sustainedOf(ctx context.Context, txRows, start int, cell func(load) latencyResult) sustainedResult {
 	res := sustainedResult{TxRows: txRows}
 	step := func(rate int) latencyResult {
-		c := r.latencyCell(ctx, cdcSource(), load{Rate: rate, TxRows: txRows})
+		c := cell(load{Rate: rate, TxRows: txRows})
 		res.Steps = append(res.Steps, c)
 		return c
 	}
