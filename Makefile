@@ -180,7 +180,7 @@ bench-network: deps
 	$(STACK) kafka-start $$d/kafka; \
 	$(STACK) proxy-start $$d/proxy kafka=$$pp=127.0.0.1:$$(cat $$d/kafka/proxied_port); \
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
-	OUTBOXD_KAFKA_BROKERS=127.0.0.1:$$kp $(GO) run ./bench -outboxd bin/outboxd -network \
+	OUTBOXD_KAFKA_BROKERS=127.0.0.1:$$kp OUTBOXD_BENCH_KAFKA_DIR=$$d/kafka $(GO) run ./bench -outboxd bin/outboxd -network \
 		-proxy-api $$(cat $$d/proxy/api) -proxy-brokers 127.0.0.1:$$pp -out bench/results $(BENCH_NETWORK_ARGS)
 
 ## bench-quick: the reduced matrix (< 3 min), the smoke test make test runs

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -42,6 +43,10 @@ type drainResult struct {
 	CPUShares map[string]float64 `json:"cpu_shares,omitempty"`
 	// RTTMs is the round trip the proxy added (bench-network), ms.
 	RTTMs float64 `json:"rtt_ms"`
+	// InFlight samples outboxd's outboxd_in_flight_events and _bytes every
+	// 100 ms while it drains: how much the pipeline keeps between the
+	// stream and Kafka's acks (CDC only).
+	InFlight *inFlightSample `json:"in_flight,omitempty"`
 	// Runs are the events/s of each ceiling run (the best one counts).
 	Runs []float64 `json:"runs,omitempty"`
 }
@@ -214,8 +219,8 @@ func (r *runner) ceiling(ctx context.Context, db *database, slotName, pubName st
 
 // drainOne starts the publisher on the backlog and waits until Kafka holds
 // want records in the topic.
-func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, topic, slotName, pubName string, s source, want int64) drainResult {
-	res := drainResult{Source: s.Name, Rows: r.plan.DrainRows, LoadBefore: loadAvg(), ExitCode: -1, RTTMs: ms(r.rtt)}
+func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, topic, slotName, pubName string, s source, want int64) (res drainResult) {
+	res = drainResult{Source: s.Name, Rows: r.plan.DrainRows, LoadBefore: loadAvg(), ExitCode: -1, RTTMs: ms(r.rtt)}
 	conn, err := db.connect(ctx)
 	if err != nil {
 		res.Err = err.Error()
@@ -227,12 +232,40 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		return res
 	}
 	started := time.Now()
-	pub, done, _, err := r.launch(db, slotName, pubName, s)
+	pub, done, metricsAddr, err := r.launch(db, slotName, pubName, s)
 	if err != nil {
 		res.Err = err.Error()
 		return res
 	}
 	defer done()
+	sampled := make(chan *inFlightSample, 1)
+	stopSampling := make(chan struct{})
+	if metricsAddr != "" {
+		go func() { sampled <- sampleInFlight(ctx, metricsAddr, stopSampling) }()
+		if r.pprofDir != "" {
+			// A CPU profile from 1 s into the drain, for 5 s.
+			path := filepath.Join(r.pprofDir, fmt.Sprintf("drain-%s-rtt%gms-%s.cpu.prof", s.Name, ms(r.rtt), time.Now().Format("150405")))
+			go func() {
+				select {
+				case <-time.After(time.Second):
+				case <-stopSampling:
+					return
+				}
+				if err := cpuProfile(ctx, metricsAddr, 5, path); err != nil {
+					r.logf("  profile of drain %s: %v", s.Name, err)
+				}
+			}()
+		}
+	} else {
+		sampled <- nil
+	}
+	defer func() {
+		close(stopSampling)
+		res.InFlight = <-sampled
+		if res.InFlight != nil {
+			r.logf("  %-34s in flight: %s", "", res.InFlight)
+		}
+	}()
 	mach0 := sampleCPU(pub.PID(), nil)
 	var pids []int
 	var pgCPU time.Duration
@@ -294,4 +327,45 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 		res.Source, res.EventsPerSec, res.Seconds, res.StartupSeconds, res.CPUMsPer1k, res.PeakRSSMiB, res.LoadAfter)
 	r.logf("  %-34s cores: %s", "", formatShares(res.CPUShares))
 	return res
+}
+
+// inFlightSample is the distribution of outboxd's in-flight gauges over a
+// drain.
+type inFlightSample struct {
+	Samples      int     `json:"samples"`
+	EventsP50    float64 `json:"events_p50"`
+	EventsMax    float64 `json:"events_max"`
+	BytesP50     float64 `json:"bytes_p50"`
+	BytesMax     float64 `json:"bytes_max"`
+	PublishedEnd float64 `json:"published_end"`
+}
+
+func (s *inFlightSample) String() string {
+	if s == nil {
+		return ""
+	}
+	return fmt.Sprintf("events p50 %.0f max %.0f, bytes p50 %.0f KiB max %.0f KiB (%d samples, outboxd's gauges)",
+		s.EventsP50, s.EventsMax, s.BytesP50/1024, s.BytesMax/1024, s.Samples)
+}
+
+// sampleInFlight scrapes outboxd's in-flight gauges every 100 ms until stop.
+func sampleInFlight(ctx context.Context, addr string, stop <-chan struct{}) *inFlightSample {
+	var ev, by []float64
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			if len(ev) == 0 {
+				return nil
+			}
+			e, b := floorOf(ev), floorOf(by)
+			return &inFlightSample{Samples: len(ev), EventsP50: e.P50Ms, EventsMax: e.MaxMs, BytesP50: b.P50Ms, BytesMax: b.MaxMs}
+		case <-t.C:
+			g, err := scrapeGauges(ctx, addr, "outboxd_in_flight_events", "outboxd_in_flight_bytes")
+			if err == nil && len(g) == 2 {
+				ev, by = append(ev, g["outboxd_in_flight_events"]), append(by, g["outboxd_in_flight_bytes"])
+			}
+		}
+	}
 }

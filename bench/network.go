@@ -208,6 +208,7 @@ type rttFloor struct {
 func (r runner) network(ctx context.Context) (*networkReport, error) {
 	p := r.plan
 	rep := &networkReport{Plan: p, Machine: machineInfo(ctx, r.stack), Started: time.Now().UTC()}
+	findPostmaster(ctx, r.stack)
 	r.logf("bench %s: RTTs %v, %d sources × %d loads × %s × %d rounds, hot aggregate, %d-row drains; publishers through %v; %s",
 		p.Name, p.RTTs, len(p.Sources), len(p.Loads), p.Duration, max(1, p.Repeats), p.DrainRows, r.stack.pubBrokers(), rep.Machine.summary())
 	if err := r.setRTT(0); err != nil {

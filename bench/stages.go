@@ -202,3 +202,35 @@ func cpuProfile(ctx context.Context, addr string, seconds int, path string) erro
 	}
 	return f.Close()
 }
+
+// scrapeGauges reads the named gauges (no labels) from outboxd's metrics.
+func scrapeGauges(ctx context.Context, addr string, names ...string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		for _, n := range names {
+			if f[0] == n {
+				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+					out[n] = v
+				}
+			}
+		}
+	}
+	return out, sc.Err()
+}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+
+	"github.com/jackc/pgx/v5"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -133,6 +135,42 @@ type cpuSample struct {
 	proxy                 time.Duration
 }
 
+// kafkaMatch, when set (OUTBOXD_BENCH_KAFKA_DIR), picks the broker JVM whose
+// command line contains it, so other brokers on a shared machine are not
+// counted as the bench's; postmaster, when set, counts only that server's
+// processes as PostgreSQL (other clusters on the machine are not ours).
+var (
+	kafkaMatch = os.Getenv("OUTBOXD_BENCH_KAFKA_DIR")
+	postmaster int
+)
+
+// findPostmaster sets postmaster from a backend of the stack's server.
+func findPostmaster(ctx context.Context, st stack) {
+	conn, err := pgx.Connect(ctx, st.AdminDSN)
+	if err != nil {
+		return
+	}
+	defer conn.Close(context.Background())
+	var pid int
+	if conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid) == nil {
+		postmaster = parentPID(pid)
+	}
+}
+
+func parentPID(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	return ppid
+}
+
 // sampleCPU reads /proc: every postgres process, the Kafka broker's JVM,
 // this process, the machine's idle time, the publisher and its walsenders.
 func sampleCPU(publisherPID int, walsenders []int) cpuSample {
@@ -149,6 +187,9 @@ func sampleCPU(publisherPID int, walsenders []int) cpuSample {
 		}
 		switch strings.TrimSpace(string(comm)) {
 		case "postgres":
+			if postmaster != 0 && pid != postmaster && parentPID(pid) != postmaster {
+				continue
+			}
 			if c, err := testproc.CPUTime(pid); err == nil {
 				s.postgres += c
 			}
@@ -157,7 +198,7 @@ func sampleCPU(publisherPID int, walsenders []int) cpuSample {
 				s.proxy += c
 			}
 		case "java":
-			if cmd, err := os.ReadFile(d + "/cmdline"); err == nil && strings.Contains(string(cmd), "kafka.Kafka") {
+			if cmd, err := os.ReadFile(d + "/cmdline"); err == nil && strings.Contains(string(cmd), "kafka.Kafka") && strings.Contains(string(cmd), kafkaMatch) {
 				if c, err := testproc.CPUTime(pid); err == nil {
 					s.kafka += c
 				}
@@ -187,7 +228,9 @@ func shares(a, b cpuSample, publisher string) map[string]float64 {
 	if sec <= 0 {
 		return nil
 	}
-	cores := func(d time.Duration) float64 { return float64(d) / float64(time.Second) / sec }
+	// A process that exits between the samples takes its CPU time with it:
+	// a part can come out below zero; it counts as 0.
+	cores := func(d time.Duration) float64 { return max(0, float64(d)/float64(time.Second)/sec) }
 	m := map[string]float64{
 		publisher:                   cores(b.publisher - a.publisher),
 		"walsender":                 cores(b.walsender - a.walsender),
