@@ -460,13 +460,8 @@ func (n *networkReport) write(dir string) error {
 // "source @ RTT", for bench's chart.
 func (n *networkReport) chartReport() *report {
 	r := &report{Plan: n.Plan, Machine: n.Machine, Started: n.Started}
-	r.Plan.Sources = nil
-	tag := func(name string, rtt float64) string {
-		if rtt == 0 {
-			return name + " @0"
-		}
-		return fmt.Sprintf("%s @%gms", name, rtt)
-	}
+	r.Plan.Sources, r.Plan.DrainSources = nil, nil
+	tag := func(name string, rtt float64) string { return fmt.Sprintf("%s rtt %gms", name, rtt) }
 	for _, s := range n.Plan.Sources {
 		for _, rtt := range n.Plan.RTTs {
 			t := s
@@ -481,6 +476,7 @@ func (n *networkReport) chartReport() *report {
 	for _, d := range n.Drains {
 		d.Source = tag(d.Source, d.RTTMs)
 		r.Drains = append(r.Drains, d)
+		r.Plan.DrainSources = append(r.Plan.DrainSources, source{Name: d.Source})
 	}
 	return r
 }
@@ -553,11 +549,11 @@ func (n *networkReport) markdown() string {
 		}
 		p("| %s | %s | %s | %s | %s | %s |\n", rttName(h.RTTMs), best, bp, failed, fp, strings.Join(steps, "; "))
 	}
-	p("\n## Backlog drain: %d rows in %d-row transactions\n\n| RTT | source | events/s | after start-up | start-up s | CPU ms/1k ev | peak RSS MiB | cores: publisher / walsender (or poll backends) / broker / proxy / idle |\n|---|---|--:|--:|--:|--:|--:|---|\n",
+	p("\n## Backlog drain: %d rows in %d-row transactions\n\nThe ceiling is the replication reader alone (no Kafka) on the same backlog just before; %% of it is the drain's rate over the ceiling's at that round trip. In flight: outboxd's in-flight events gauge, median of 100 ms samples.\n\n| RTT | source | events/s | %% of ceiling | after start-up | start-up s | CPU ms/1k ev | peak RSS MiB | cores: publisher / walsender (or poll backends) / broker / proxy / idle | in flight p50 | load avg |\n|---|---|--:|--:|--:|--:|--:|--:|---|--:|--:|\n",
 		n.Plan.DrainRows, n.Plan.DrainTxRows)
 	for _, d := range n.Drains {
 		if d.Err != "" {
-			p("| %s | %s | FAILED: %s |||||\n", rttName(d.RTTMs), d.Source, mdEscape(d.Err))
+			p("| %s | %s | FAILED: %s ||||||||\n", rttName(d.RTTMs), d.Source, mdEscape(d.Err))
 			continue
 		}
 		sh := d.CPUShares
@@ -566,7 +562,17 @@ func (n *networkReport) markdown() string {
 		if sh != nil {
 			cores = fmt.Sprintf("%.2f / %.2f / %.2f / %.2f / %.2f", pub, sh["walsender"], sh["kafka broker"], sh["proxy"], sh["idle"])
 		}
-		p("| %s | %s | %.0f | %.0f | %.2f | %.2f | %.0f | %s |\n", rttName(d.RTTMs), d.Source, d.EventsPerSec, d.SteadyPerSec, d.StartupSeconds, d.CPUMsPer1k, d.PeakRSSMiB, cores)
+		pct, steady, inflight := "–", "–", "–"
+		if d.PctCeiling > 0 {
+			pct = fmt.Sprintf("%.0f%%", d.PctCeiling)
+		}
+		if d.SteadyPerSec > 0 {
+			steady = fmt.Sprintf("%.0f", d.SteadyPerSec)
+		}
+		if d.InFlight != nil {
+			inflight = fmt.Sprintf("%.0f", d.InFlight.EventsP50)
+		}
+		p("| %s | %s | %.0f | %s | %s | %.2f | %.2f | %.0f | %s | %s | %.1f |\n", rttName(d.RTTMs), d.Source, d.EventsPerSec, pct, steady, d.StartupSeconds, d.CPUMsPer1k, d.PeakRSSMiB, cores, inflight, d.LoadAfter)
 	}
 	p("\n## Targets of issue 26 this run measures\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, t := range n.Targets {
