@@ -84,11 +84,13 @@ func TestQuickNetworkBenchmark(t *testing.T) {
 			}
 		}
 		h := got.hotAt(ms(rtt))
-		if h == nil || len(h.Steps) == 0 || h.Best == nil {
-			t.Errorf("hot aggregate at %s: %+v, want steps and a rate that kept up", name, h)
+		// Whether a step kept up is how fast, not whether it ran: only
+		// that every step ran and delivered is checked.
+		if h == nil || len(h.Steps) == 0 {
+			t.Errorf("hot aggregate at %s: %+v, want its steps", name, h)
 		} else {
 			for _, c := range h.Steps {
-				if c.Written == 0 || c.Received == 0 {
+				if c.Written == 0 || c.Received != c.Written || c.P50Ms <= 0 || c.Source != "cdc-hot" {
 					t.Errorf("hot aggregate at %s, %s: written %d received %d", name, c.Load, c.Written, c.Received)
 				}
 			}
