@@ -270,17 +270,14 @@ func run(ctx context.Context, r runner) (*report, error) {
 		sr := r
 		sr.plan.Duration = r.plan.SustainedWindow
 		for _, sp := range r.plan.Sustained {
-			var reader *sustainedResult
+			var res sustainedResult
 			if r.plan.SustainedReader {
-				r.logf("sustained rate of the bare reader (no Kafka), %d-row transactions, windows of %s, from %d ev/s:", sp.TxRows, sr.plan.Duration, sp.Start)
-				rr := sr.sustainedOf(ctx, sp.TxRows, sp.Start, func(l load) latencyResult { return sr.readerCell(ctx, l) })
-				r.logf("  → reader: %s", rr.summary())
-				reader = &rr
-			}
-			r.logf("sustained rate, %d-row transactions, windows of %s, from %d ev/s:", sp.TxRows, sr.plan.Duration, sp.Start)
-			res := sr.sustained(ctx, sp.TxRows, sp.Start)
-			if res.Reader = reader; reader != nil && reader.Best != nil && res.Best != nil {
-				res.Fraction = float64(res.Best.Load.Rate) / float64(reader.Best.Load.Rate)
+				r.logf("sustained rate, %d-row transactions, windows of %s, from %d ev/s; at each rate the bare reader (no Kafka), then outboxd:", sp.TxRows, sr.plan.Duration, sp.Start)
+				res = sr.sustainedPaired(ctx, sp.TxRows, sp.Start)
+				r.logf("  → reader, at the same rates: %s", res.Reader.summary())
+			} else {
+				r.logf("sustained rate, %d-row transactions, windows of %s, from %d ev/s:", sp.TxRows, sr.plan.Duration, sp.Start)
+				res = sr.sustained(ctx, sp.TxRows, sp.Start)
 			}
 			r.logf("  → %s", res.summary())
 			rep.Sustained = append(rep.Sustained, res)

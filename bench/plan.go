@@ -110,8 +110,9 @@ type plan struct {
 	// only with -only sustained.
 	Sustained       []sustainedSpec `json:"sustained,omitempty"`
 	SustainedWindow time.Duration   `json:"sustained_window_ns,omitempty"`
-	// SustainedReader runs the same search for the bare replication reader
-	// (no Kafka) before outboxd's, for each shape (reader.go).
+	// SustainedReader measures the bare replication reader (no Kafka) at
+	// each rate of outboxd's search, in the window just before outboxd's
+	// (reader.go).
 	SustainedReader bool `json:"sustained_reader,omitempty"`
 	// BareProducer runs a bare producer beside each CDC latency cell, at
 	// the same rate and record size in the same window (issue 26's floor).

@@ -313,7 +313,7 @@ func (r *report) markdown() string {
 		}
 		p("\n")
 		if r.Plan.SustainedReader {
-			p("The bare replication reader (receive + decode + confirm, no Kafka; p99 commit → read < 100 ms) through the same search, just before outboxd's; outboxd's rate as a fraction of it (issue 26's target: ≥ 90%%):\n\n")
+			p("The bare replication reader (receive + decode + confirm, no Kafka; p99 commit → read < 100 ms) at each rate of outboxd's search, in the window just before outboxd's; its best is the highest of those rates it kept up with (if it kept up with all, the most outboxd's search tried), and outboxd's best as a fraction of it (issue 26's target: ≥ 90%%):\n\n")
 			p("| transaction | reader: highest rate kept up | its p50 / p99 ms | first rate that failed | walsender cores there | outboxd ÷ reader |\n|---|--:|--:|--:|--:|--:|\n")
 			for _, x := range r.Sustained {
 				rd := x.Reader

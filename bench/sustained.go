@@ -30,8 +30,9 @@ type sustainedResult struct {
 	Steps  []latencyResult `json:"steps"`
 	// Bottleneck says why Failed failed, from its numbers.
 	Bottleneck string `json:"bottleneck"`
-	// Reader is the same search for the bare replication reader (no
-	// Kafka), run just before; Fraction is outboxd's best rate over its.
+	// Reader is the bare replication reader (no Kafka) at the same rates,
+	// each in the window just before outboxd's; Fraction is outboxd's best
+	// rate over the reader's best among them.
 	Reader   *sustainedResult `json:"reader,omitempty"`
 	Fraction float64          `json:"fraction_of_reader,omitempty"`
 }
@@ -44,6 +45,36 @@ func keptUp(c latencyResult) bool {
 
 func (r *runner) sustained(ctx context.Context, txRows, start int) sustainedResult {
 	return r.sustainedOf(ctx, txRows, start, func(l load) latencyResult { return r.latencyCell(ctx, cdcSource(), l) })
+}
+
+// sustainedPaired is outboxd's search with the bare reader measured at the
+// same rate in the window just before each of outboxd's, so the two are
+// compared under the same machine load: the reader's best is the highest
+// of those rates it kept up with, and Fraction outboxd's best over it.
+func (r *runner) sustainedPaired(ctx context.Context, txRows, start int) sustainedResult {
+	rd := &sustainedResult{TxRows: txRows}
+	res := r.sustainedOf(ctx, txRows, start, func(l load) latencyResult {
+		rc := r.readerCell(ctx, l)
+		rd.Steps = append(rd.Steps, rc)
+		return r.latencyCell(ctx, cdcSource(), l)
+	})
+	for i := range rd.Steps {
+		c := &rd.Steps[i]
+		if keptUp(*c) && (rd.Best == nil || c.Load.Rate > rd.Best.Load.Rate) {
+			rd.Best = c
+		}
+		if !keptUp(*c) && (rd.Failed == nil || c.Load.Rate < rd.Failed.Load.Rate) {
+			rd.Failed = c
+		}
+	}
+	if rd.Failed != nil {
+		rd.Bottleneck = bottleneck(*rd.Failed)
+	}
+	res.Reader = rd
+	if rd.Best != nil && res.Best != nil {
+		res.Fraction = float64(res.Best.Load.Rate) / float64(rd.Best.Load.Rate)
+	}
+	return res
 }
 
 // sustainedOf is the search with cell measuring one window.
