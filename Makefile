@@ -132,7 +132,8 @@ demo: deps examples
 ## bench: the full matrix (~25 min): bench/results/{results.md,results.json,bench.png}
 bench: deps
 	@set -euo pipefail; \
-	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; $(STACK) up; fi; \
+	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
 	$(GO) run ./bench -outboxd bin/outboxd -out bench/results
@@ -151,11 +152,11 @@ bench-memory: deps
 ## bench-sustained: the highest rate the bare replication reader and then
 ## outboxd keep up with (p99 < 100 ms over 60 s windows) for 1-row and 100-row
 ## transactions, outboxd's as a fraction of the reader's, and the bottleneck
-## there (~18 min; the dev stack as .devstack.env says, else one started for
-## it): bin/bench-sustained/results.md
+## there (~18 min): bin/bench-sustained/results.md
 bench-sustained: deps
 	@set -euo pipefail; \
-	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; $(STACK) up; fi; \
+	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
 	$(GO) run ./bench -outboxd bin/outboxd -only sustained -out bin/bench-sustained
@@ -164,15 +165,15 @@ bench-sustained: deps
 ## aggregate and the 1,000,000-row drain at RTT 0, 1 and 5 ms between the
 ## publishers and a broker of its own (bin/bench-network/kafka) that
 ## advertises a proxy (dev/stack proxy-start, internal/netproxy); PostgreSQL
-## is the dev stack's (.devstack.env as it is — a worktree's shared stack —
-## or one started for the run). Writes bench/results/network.{md,json,png};
+## is the dev stack's. Writes bench/results/network.{md,json,png};
 ## BENCH_NETWORK_ARGS adds bench flags (e.g. -quick, -rtts 0,2ms, -out DIR).
 .PHONY: bench-network
 bench-network: deps
 	@set -euo pipefail; \
 	d=$(CURDIR)/bin/bench-network; \
 	cleanup() { $(STACK) proxy-stop $$d/proxy || true; $(STACK) kafka-stop $$d/kafka || true; }; \
-	if [ ! -f .devstack.env ]; then trap 'cleanup; $(STACK) down' EXIT; $(STACK) up; else trap cleanup EXIT; fi; \
+	if [ ! -f .devstack.env ]; then trap 'cleanup; $(STACK) down' EXIT; else trap cleanup EXIT; fi; \
+	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	cleanup; rm -rf $$d; mkdir -p $$d; \
 	kp=$$($(STACK) free-port); cp=$$($(STACK) free-port); pp=$$($(STACK) free-port); \
@@ -187,6 +188,7 @@ bench-network: deps
 ## (go test ./bench); its report goes to bin/bench-quick/
 bench-quick: deps
 	@set -euo pipefail; \
-	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; $(STACK) up; fi; \
+	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
+	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./bench
