@@ -50,6 +50,7 @@ type Proxy struct {
 	// pipes held by a black hole.
 	changed  chan struct{}
 	conns    map[*link]struct{}
+	resets   int // Reset calls: a connection accepted before one is cut too
 	accepted int
 	closed   bool
 	wg       sync.WaitGroup
@@ -103,6 +104,7 @@ func (p *Proxy) Accepted() int {
 // Reset closes every open connection (new ones are still accepted).
 func (p *Proxy) Reset() {
 	p.mu.Lock()
+	p.resets++
 	ls := make([]*link, 0, len(p.conns))
 	for l := range p.conns {
 		ls = append(ls, l)
@@ -141,8 +143,11 @@ func (p *Proxy) accept() {
 			time.Sleep(10 * time.Millisecond) // EMFILE and the like
 			continue
 		}
+		p.mu.Lock()
+		resets := p.resets
+		p.mu.Unlock()
 		p.wg.Add(1)
-		go p.serve(c)
+		go p.serve(c, resets)
 	}
 }
 
@@ -163,7 +168,9 @@ func (l *link) close() {
 	})
 }
 
-func (p *Proxy) serve(c net.Conn) {
+// serve proxies c; resets is p.resets when c was accepted, so a Reset
+// while the upstream is being dialled cuts c as well.
+func (p *Proxy) serve(c net.Conn, resets int) {
 	defer p.wg.Done()
 	up, err := net.DialTimeout("tcp", p.Upstream, 10*time.Second)
 	if err != nil {
@@ -177,7 +184,7 @@ func (p *Proxy) serve(c net.Conn) {
 	}
 	l := &link{client: c, upstream: up, dead: make(chan struct{})}
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || p.resets != resets {
 		p.mu.Unlock()
 		l.close()
 		return

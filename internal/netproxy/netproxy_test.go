@@ -125,6 +125,13 @@ func TestResetCutsConnections(t *testing.T) {
 	if _, err := c.Write([]byte("x")); err != nil {
 		t.Fatal(err)
 	}
+	// The kernel completes the handshake before the proxy accepts: cut the
+	// connection once the proxy holds it.
+	for deadline := time.Now().Add(10 * time.Second); p.Conns() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not accept the connection within 10s")
+		}
+	}
 	p.Reset()
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
