@@ -163,6 +163,12 @@ func (p *Producer) refused(ps *partitionState, b *batch, err error) {
 	default:
 		p.log.Error("kafka refused a batch for good: failing the partition's records",
 			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition), zap.Error(err))
+		if !b.sent.IsZero() {
+			// The wait for this answer was Kafka's too: a leader or
+			// coordinator that was away answers late, and then with the
+			// epoch its abort bumped (classifyTxnErr).
+			p.noteTxnFailing(p.now().Sub(b.sent))
+		}
 		err = p.classifyTxnErr(err)
 		p.settle(b, err)
 		p.stopPartition(ps, err)
