@@ -78,7 +78,7 @@ func (u *unseenDeletes) compare(ctx context.Context, conn *pgx.Conn, tbl *table)
 	bound := min(now, u.last)
 	u.last = now
 	if u.onCheck != nil {
-		u.onCheck(bound)
+		defer u.onCheck(bound) // after the metric and the warning
 	}
 	if bound <= u.reported {
 		return nil
