@@ -34,6 +34,10 @@ type SupervisorConfig struct {
 	RestartBackoffMax time.Duration
 	// StandbyPollInterval is how often a standby tries to take over.
 	StandbyPollInterval time.Duration
+	// AwaitRelease, when set, returns once the process pid no longer holds
+	// name, or with ctx's error: a standby then tries at once instead of
+	// waiting out StandbyPollInterval, which still bounds each wait.
+	AwaitRelease func(ctx context.Context, name string, pid int) error
 	// ShutdownTimeout bounds a session's drain after a graceful stop.
 	ShutdownTimeout time.Duration
 	// Cause names an error's restart cause for the log and for the
@@ -149,7 +153,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 				s.standbyPID = pid
 			}
 			s.setState(StateStandby)
-			if !backoff.Sleep(ctx, backoff.Jitter(s.cfg.StandbyPollInterval)) {
+			if !s.awaitTakeover(ctx, held) {
 				return nil
 			}
 			continue
@@ -197,4 +201,24 @@ func (s *Supervisor) runSession(ctx context.Context, session Session) (bool, err
 		}
 	}()
 	return session(ctx, hard)
+}
+
+// awaitTakeover waits as a standby until the next try: a jittered
+// StandbyPollInterval, or less when AwaitRelease sees the holder let go. It
+// reports false when ctx ended.
+func (s *Supervisor) awaitTakeover(ctx context.Context, held Held) bool {
+	wait := backoff.Jitter(s.cfg.StandbyPollInterval)
+	if s.cfg.AwaitRelease == nil {
+		return backoff.Sleep(ctx, wait)
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	name, pid := held.HeldBy()
+	if err := s.cfg.AwaitRelease(wctx, name, pid); err != nil && wctx.Err() == nil {
+		// The check itself failed (say, a lost connection): wait the
+		// interval out as without one.
+		s.log.Debug("standby: checking whether the slot is free failed", zap.Error(err))
+		<-wctx.Done()
+	}
+	return ctx.Err() == nil
 }

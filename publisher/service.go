@@ -56,6 +56,10 @@ type Deps struct {
 	// not on it (the database went back in time) is refused with a
 	// *RewindError instead of skipping what it covers.
 	ReadHistory func(ctx context.Context) (*replication.History, error)
+	// AwaitSlotRelease, when set, returns once process pid no longer holds
+	// the slot (see outbox.SupervisorConfig.AwaitRelease): a standby takes
+	// over as soon as the active process is gone.
+	AwaitSlotRelease func(ctx context.Context, slot string, pid int) error
 	// SlotCreated says this process created the slot before its first
 	// session: a slot created below the checkpoint proves a rewind.
 	SlotCreated bool
@@ -89,6 +93,7 @@ func NewService(cfg Config, log *zap.Logger, m *outbox.Metrics, deps Deps) *Serv
 		RestartBackoffMin:   cfg.RestartBackoffMin,
 		RestartBackoffMax:   cfg.RestartBackoffMax,
 		StandbyPollInterval: cfg.StandbyPollInterval,
+		AwaitRelease:        deps.AwaitSlotRelease,
 		ShutdownTimeout:     cfg.ShutdownTimeout,
 		Cause:               restartCause,
 	}, log, m)

@@ -272,6 +272,52 @@ func TestServiceWaitsAsStandbyWhileAnotherProcessHoldsTheSlot(t *testing.T) {
 	}
 }
 
+// Rule: a standby takes over as soon as AwaitSlotRelease sees the holder
+// let go, not a standby poll interval later (here an hour: without the
+// release check the takeover below never happens).
+func TestServiceStandbyTakesOverWhenTheSlotIsReleased(t *testing.T) {
+	srv := newFakeServer(0x10)
+	srv.commit(0x100, event(1, "a", "t"))
+	var holder atomic.Int64
+	holder.Store(4242)
+	srv.onOpen = slotHeldBy(&holder)
+	h := newSvcHarness(t, srv, newSvcKafka(nil))
+	waiting := make(chan int, 1)
+	released := make(chan struct{})
+	h.deps.AwaitSlotRelease = func(ctx context.Context, slot string, pid int) error {
+		select {
+		case waiting <- pid:
+		default:
+		}
+		select {
+		case <-released:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	cfg := svcConfig()
+	cfg.StandbyPollInterval = time.Hour
+	h.start(cfg)
+	select {
+	case pid := <-waiting:
+		if pid != 4242 {
+			t.Fatalf("AwaitSlotRelease waited for PID %d, want the holder 4242", pid)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the standby never waited for the slot's release")
+	}
+	holder.Store(0)
+	close(released)
+	h.waitSlotConfirmed(0x100)
+	if n := srv.numOpens(); n != 2 {
+		t.Errorf("%d opens, want 2 (held, then taken over)", n)
+	}
+	if err := h.stop(); err != nil {
+		t.Fatalf("Run() = %v after a stop", err)
+	}
+}
+
 // Rule: a slot still held by our own previous session's walsender (it has
 // not exited yet) is not another process: no standby, just retry.
 func TestServiceSlotHeldByOurOwnPreviousWalsenderIsNotStandby(t *testing.T) {

@@ -122,7 +122,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.DurationVar(&o.pub.ShutdownTimeout, "shutdown-timeout", o.pub.ShutdownTimeout, "on SIGINT/SIGTERM, wait this long for in-flight acknowledgements")
 	fs.DurationVar(&o.pub.RestartBackoffMin, "restart-backoff-min", o.pub.RestartBackoffMin, "first backoff before restarting after an error")
 	fs.DurationVar(&o.pub.RestartBackoffMax, "restart-backoff-max", o.pub.RestartBackoffMax, "cap of the exponential restart backoff")
-	fs.DurationVar(&o.pub.StandbyPollInterval, "standby-poll-interval", o.pub.StandbyPollInterval, "how often a standby checks whether the slot is free")
+	fs.DurationVar(&o.pub.StandbyPollInterval, "standby-poll-interval", o.pub.StandbyPollInterval, "how often a standby retries the slot (it also takes over as soon as it sees the slot released)")
 	fs.Var(&o.hooks, "hook", "post-publish hook TOPIC=SQL (repeatable): runs after Kafka acked an event of TOPIC, before its LSN is confirmed; $1 aggregate_id, $2 outbox id, $3 payload; must be idempotent (a failure re-publishes and re-runs)")
 	fs.IntVar(&o.pub.CrashAfterProduce, "crash-after-produce", 0, "DEMO ONLY: exit hard (status 3) once Kafka acked this many events, before confirming them")
 }

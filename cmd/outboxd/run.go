@@ -26,6 +26,11 @@ import (
 	"github.com/outboxd/outboxd/slot"
 )
 
+// standbyCheckInterval is how often a standby reads pg_replication_slots
+// while it waits: it takes over within that of the active process's exit
+// (--standby-poll-interval still bounds each wait and retries the slot).
+const standbyCheckInterval = 100 * time.Millisecond
+
 func cmdRun(ctx context.Context, args []string) error {
 	var o options
 	fs := newFlagSet("run", &o)
@@ -94,6 +99,14 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 				c.TransactionalID = id.TransactionalID()
 			}
 			return kafka.NewProducer(c, logger.Named("kafka"), metrics.ProducerHooks())
+		},
+		AwaitSlotRelease: func(ctx context.Context, name string, pid int) error {
+			conn, err := pgx.Connect(ctx, o.pgDSN)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.Background())
+			return slot.AwaitRelease(ctx, conn, name, pid, standbyCheckInterval)
 		},
 	}
 	if topic := o.pub.CheckpointTopic; topic != "" {
