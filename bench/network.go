@@ -195,7 +195,9 @@ type networkReport struct {
 	Latency []latencyResult `json:"latency"`
 	Hot     []hotResult     `json:"hot"`
 	Drains  []drainResult   `json:"drains"`
-	Targets []target        `json:"targets"`
+	// Takeover is start-up and standby takeover per round trip (takeover.go).
+	Takeover []takeoverResult `json:"takeover"`
+	Targets  []target         `json:"targets"`
 }
 
 type rttFloor struct {
@@ -265,6 +267,8 @@ func (r runner) network(ctx context.Context) (*networkReport, error) {
 				r.logf("  → none kept up")
 			}
 		}
+		r.logf("RTT %s: start-up and standby takeover:", rtt)
+		rep.Takeover = append(rep.Takeover, r.takeovers(ctx)...)
 		if p.DrainRows > 0 && len(p.DrainSources) > 0 {
 			r.logf("RTT %s: backlog drain, %d rows:", rtt, p.DrainRows)
 			for _, d := range r.drains(ctx) {
@@ -409,6 +413,7 @@ func (n *networkReport) evaluate() {
 				p99.Median <= 1.5*b.Median)
 		}
 	}
+	n.evaluateTakeover(add)
 }
 
 // errors are the cells that failed (hot steps that missed the rate are
@@ -423,6 +428,11 @@ func (n *networkReport) errors() []error {
 	for _, d := range n.Drains {
 		if d.Err != "" {
 			errs = append(errs, fmt.Errorf("drain %s, %s: %s", d.Source, rttName(d.RTTMs), d.Err))
+		}
+	}
+	for _, t := range n.Takeover {
+		if t.Err != "" {
+			errs = append(errs, fmt.Errorf("takeover %s, %s: %s", t.Source, rttName(t.RTTMs), t.Err))
 		}
 	}
 	for _, h := range n.Hot {
@@ -549,6 +559,7 @@ func (n *networkReport) markdown() string {
 		}
 		p("| %s | %s | %s | %s | %s | %s |\n", rttName(h.RTTMs), best, bp, failed, fp, strings.Join(steps, "; "))
 	}
+	n.takeoverMarkdown(p)
 	p("\n## Backlog drain: %d rows in %d-row transactions\n\nThe ceiling is the replication reader alone (no Kafka) on the same backlog just before; %% of it is the drain's rate over the ceiling's at that round trip. In flight: outboxd's in-flight events gauge, median of 100 ms samples.\n\n| RTT | source | events/s | %% of ceiling | after start-up | start-up s | CPU ms/1k ev | peak RSS MiB | cores: publisher / walsender (or poll backends) / broker / proxy / idle | in flight p50 | load avg |\n|---|---|--:|--:|--:|--:|--:|--:|---|--:|--:|\n",
 		n.Plan.DrainRows, n.Plan.DrainTxRows)
 	for _, d := range n.Drains {

@@ -159,11 +159,12 @@ func formatShares(m map[string]float64) string {
 
 // cpuSample is the CPU time of the machine's parts at one moment.
 type cpuSample struct {
-	at                    time.Time
-	postgres, kafka, self time.Duration
-	idle                  time.Duration
-	publisher, walsender  time.Duration
-	proxy                 time.Duration
+	at                   time.Time
+	kafka, self          time.Duration
+	postgres             map[int]time.Duration // per process: see pgDelta
+	idle                 time.Duration
+	publisher, walsender time.Duration
+	proxy                time.Duration
 }
 
 // kafkaMatch, when set (OUTBOXD_BENCH_KAFKA_DIR), picks the broker JVM whose
@@ -205,7 +206,7 @@ func parentPID(pid int) int {
 // sampleCPU reads /proc: every postgres process, the Kafka broker's JVM,
 // this process, the machine's idle time, the publisher and its walsenders.
 func sampleCPU(publisherPID int, walsenders []int) cpuSample {
-	s := cpuSample{at: time.Now()}
+	s := cpuSample{at: time.Now(), postgres: map[int]time.Duration{}}
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range procs {
 		pid, err := strconv.Atoi(filepath.Base(d))
@@ -222,7 +223,7 @@ func sampleCPU(publisherPID int, walsenders []int) cpuSample {
 				continue
 			}
 			if c, err := testproc.CPUTime(pid); err == nil {
-				s.postgres += c
+				s.postgres[pid] = c
 			}
 		case "netproxy":
 			if c, err := testproc.CPUTime(pid); err == nil {
@@ -265,7 +266,7 @@ func shares(a, b cpuSample, publisher string) map[string]float64 {
 	m := map[string]float64{
 		publisher:                   cores(b.publisher - a.publisher),
 		"walsender":                 cores(b.walsender - a.walsender),
-		"postgres (all)":            cores(b.postgres - a.postgres),
+		"postgres (all)":            cores(pgDelta(a.postgres, b.postgres)),
 		"kafka broker":              cores(b.kafka - a.kafka),
 		"bench (writers, consumer)": cores(b.self - a.self),
 		"idle":                      cores(b.idle - a.idle),
@@ -285,4 +286,16 @@ func (s sustainedResult) summary() string {
 		return best
 	}
 	return fmt.Sprintf("%s; %d ev/s did not: %s", best, s.Failed.Load.Rate, s.Bottleneck)
+}
+
+// pgDelta is the CPU PostgreSQL's processes used between two samples,
+// process by process: one that exited in between (a previous cell's
+// walsender, say) is left out instead of taking its whole CPU time off the
+// sum, and one that started in between counts in full.
+func pgDelta(a, b map[int]time.Duration) time.Duration {
+	var d time.Duration
+	for pid, c := range b {
+		d += c - a[pid]
+	}
+	return d
 }
