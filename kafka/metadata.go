@@ -45,36 +45,7 @@ func (p *Producer) handleMeta(m topicMeta) {
 	t.resolving = false
 	now := p.now()
 	if m.err != nil || m.partitions == 0 {
-		err := m.err
-		if err == nil {
-			err = sarama.ErrUnknownTopicOrPartition
-		}
-		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) {
-			p.unknownTopic(t, err, now)
-			return
-		}
-		if t.failingAt.IsZero() {
-			t.failingAt = now
-		}
-		t.attempts++
-		if now.Sub(t.failingAt) >= p.cfg.DeliveryTimeout {
-			p.log.Error("kafka metadata unavailable for longer than the delivery timeout: failing the topic's records",
-				zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
-			t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
-			for _, r := range t.pending {
-				p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
-			}
-			t.pending = nil
-			for _, rb := range t.parts {
-				rb.stop(p, t.failed)
-			}
-			return
-		}
-		t.resolveAt = now.Add(p.retryBackoff(t.attempts))
-		if t.attempts == 1 || t.attempts%10 == 0 {
-			p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
-				zap.Int("attempt", t.attempts), zap.Error(err))
-		}
+		p.lookupFailed(t, m.err, now)
 		return
 	}
 	t.failingAt, t.attempts, t.unknownSince, t.missing = time.Time{}, 0, time.Time{}, nil
@@ -104,6 +75,42 @@ func (p *Producer) handleMeta(m topicMeta) {
 			t.resolveAt = now.Add(p.retryBackoff(t.attempts))
 			break
 		}
+	}
+}
+
+// lookupFailed handles a lookup of t that failed with err (nil: it found
+// no partitions): an unknown topic is looked up again until it is missing;
+// other failures are retried with backoff until DeliveryTimeout, then
+// every record of t fails.
+func (p *Producer) lookupFailed(t *topicState, err error, now time.Time) {
+	if err == nil {
+		err = sarama.ErrUnknownTopicOrPartition
+	}
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) {
+		p.unknownTopic(t, err, now)
+		return
+	}
+	if t.failingAt.IsZero() {
+		t.failingAt = now
+	}
+	t.attempts++
+	if now.Sub(t.failingAt) >= p.cfg.DeliveryTimeout {
+		p.log.Error("kafka metadata unavailable for longer than the delivery timeout: failing the topic's records",
+			zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
+		t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
+		for _, r := range t.pending {
+			p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
+		}
+		t.pending = nil
+		for _, rb := range t.parts {
+			rb.stop(p, t.failed)
+		}
+		return
+	}
+	t.resolveAt = now.Add(p.retryBackoff(t.attempts))
+	if t.attempts == 1 || t.attempts%10 == 0 {
+		p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
+			zap.Int("attempt", t.attempts), zap.Error(err))
 	}
 }
 
