@@ -48,7 +48,8 @@ func (ph partPhase) String() string { return phaseNames[ph] }
 // one batch it may have out, and its phase. Its verbs are the only code
 // that moves records between the queue, the batch and the caller; like
 // everything of the producer's state, it is used on run's goroutine only.
-// Verbs that hand records back take the Producer that owns the buffer.
+// Verbs that need the Producer that owns the buffer (to build a batch
+// with its id and epoch, or to hand records back) take it as an argument.
 type recBuf struct {
 	topic     *topicState
 	partition int32
