@@ -6,13 +6,29 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// nextBatch counts the records of ps's queue its next new batch takes, up
-// to MaxMessageBytes, and their size.
-func (p *Producer) nextBatch(ps *partitionState) (n, size int) {
-	limit := p.cfg.MaxMessageBytes - batchOverhead
-	for n < len(ps.queue) {
-		s := ps.queue[n].Size() + recordOverhead
-		if n > 0 && (size+s > limit || ps.single > 0) {
+// recordOverhead bounds a record's framing in a batch (length, attributes,
+// deltas, key/value lengths, header count): varints of at most 5 bytes.
+const recordOverhead = 5 * 8
+
+// batchOverhead is a record batch's header.
+const batchOverhead = 61
+
+// batch is the records of one partition sent together: built once from
+// its recBuf's queue, then sent unchanged until it is answered.
+type batch struct {
+	sent  time.Time // when it was first sent
+	bytes int       // the records' size in the batch, at most MaxMessageBytes
+	recs  []*Record
+	rb    *sarama.RecordBatch
+}
+
+// nextBatch counts the records of rb's queue its next new batch takes, up
+// to maxBytes, and their size.
+func (rb *recBuf) nextBatch(maxBytes int) (n, size int) {
+	limit := maxBytes - batchOverhead
+	for n < len(rb.queue) {
+		s := rb.queue[n].Size() + recordOverhead
+		if n > 0 && (size+s > limit || rb.single > 0) {
 			break
 		}
 		size += s
@@ -21,27 +37,28 @@ func (p *Producer) nextBatch(ps *partitionState) (n, size int) {
 	return n, size
 }
 
-// nextBatchBytes is the size of the batch ps sends next: the one waiting to
-// be sent again, or the one newBatch would build.
-func (p *Producer) nextBatchBytes(ps *partitionState) int {
-	if ps.phase == partWaiting && ps.batch != nil {
-		return ps.batch.bytes
+// nextBatchBytes is the size of the batch rb sends next: the one waiting to
+// be sent again, or the one a new batch would take from the queue.
+func (rb *recBuf) nextBatchBytes(maxBytes int) int {
+	if rb.phase == partWaiting && rb.batch != nil {
+		return rb.batch.bytes
 	}
-	_, size := p.nextBatch(ps)
+	_, size := rb.nextBatch(maxBytes)
 	return size
 }
 
-// newBatch takes the next records of ps's queue, up to MaxMessageBytes.
-func (p *Producer) newBatch(ps *partitionState) *batch {
-	n, size := p.nextBatch(ps)
-	if ps.single > 0 {
-		ps.single--
+// newBatch takes the next records of rb's queue, up to MaxMessageBytes,
+// into a batch carrying the producer's id and epoch and rb's next sequence.
+func (p *Producer) newBatch(rb *recBuf) *batch {
+	n, size := rb.nextBatch(p.cfg.MaxMessageBytes)
+	if rb.single > 0 {
+		rb.single--
 	}
-	recs := ps.queue[:n:n]
-	ps.queue = ps.queue[n:]
-	ps.queued -= size
-	if len(ps.queue) == 0 {
-		ps.queue = nil
+	recs := rb.queue[:n:n]
+	rb.queue = rb.queue[n:]
+	rb.queued -= size
+	if len(rb.queue) == 0 {
+		rb.queue = nil
 	}
 
 	first := recs[0].Timestamp
@@ -49,20 +66,28 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 		first = p.now()
 	}
 	first = first.Truncate(time.Millisecond)
-	rb := &sarama.RecordBatch{
+	b := &sarama.RecordBatch{
 		Version:         2,
 		ProducerID:      p.pid,
 		ProducerEpoch:   p.epoch,
-		FirstSequence:   ps.seq,
+		FirstSequence:   rb.seq,
 		FirstTimestamp:  first,
 		MaxTimestamp:    first,
 		LastOffsetDelta: int32(n - 1),
 		IsTransactional: p.cfg.TransactionalID != "",
 		Records:         make([]*sarama.Record, n),
 	}
-	_ = rb.Codec.UnmarshalText([]byte(p.cfg.Compression))
-	rb.CompressionLevel = sarama.CompressionLevelDefault
-	records := make([]sarama.Record, n)
+	_ = b.Codec.UnmarshalText([]byte(p.cfg.Compression))
+	b.CompressionLevel = sarama.CompressionLevelDefault
+	encodeRecords(b, recs)
+	return &batch{bytes: size, recs: recs, rb: b}
+}
+
+// encodeRecords fills b's records from recs, relative to b's first
+// timestamp, and raises its max timestamp to the latest of them.
+func encodeRecords(b *sarama.RecordBatch, recs []*Record) {
+	first := b.FirstTimestamp
+	records := make([]sarama.Record, len(recs))
 	nh := 0
 	for _, r := range recs {
 		nh += len(r.Headers)
@@ -75,8 +100,8 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 			ts = first
 		}
 		ts = ts.Truncate(time.Millisecond)
-		if ts.After(rb.MaxTimestamp) {
-			rb.MaxTimestamp = ts
+		if ts.After(b.MaxTimestamp) {
+			b.MaxTimestamp = ts
 		}
 		rec := &records[i]
 		rec.Key = r.Key
@@ -93,7 +118,26 @@ func (p *Producer) newBatch(ps *partitionState) *batch {
 			headers = headers[len(r.Headers):]
 			rec.Headers = hs
 		}
-		rb.Records[i] = rec
+		b.Records[i] = rec
 	}
-	return &batch{bytes: size, recs: recs, rb: rb}
+}
+
+// ack hands back b's records, acknowledged in order at offsets from
+// offset (-1 each when the broker gave none).
+func (b *batch) ack(p *Producer, offset int64) {
+	for i, r := range b.recs {
+		r.Offset = -1
+		if offset >= 0 {
+			r.Offset = offset + int64(i)
+		}
+		p.emit(r)
+	}
+}
+
+// settle fails b's records with cause: a batch that failed for good, or
+// one that came back unacknowledged after its partition was stopped.
+func (b *batch) settle(p *Producer, cause error) {
+	for _, r := range b.recs {
+		p.fail(r, recordErr(r, cause))
+	}
 }

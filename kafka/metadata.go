@@ -45,36 +45,7 @@ func (p *Producer) handleMeta(m topicMeta) {
 	t.resolving = false
 	now := p.now()
 	if m.err != nil || m.partitions == 0 {
-		err := m.err
-		if err == nil {
-			err = sarama.ErrUnknownTopicOrPartition
-		}
-		if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) {
-			p.unknownTopic(t, err, now)
-			return
-		}
-		if t.failingAt.IsZero() {
-			t.failingAt = now
-		}
-		t.attempts++
-		if now.Sub(t.failingAt) >= p.cfg.DeliveryTimeout {
-			p.log.Error("kafka metadata unavailable for longer than the delivery timeout: failing the topic's records",
-				zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
-			t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
-			for _, r := range t.pending {
-				p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
-			}
-			t.pending = nil
-			for _, ps := range t.parts {
-				p.stopPartition(ps, t.failed)
-			}
-			return
-		}
-		t.resolveAt = now.Add(p.retryBackoff(t.attempts))
-		if t.attempts == 1 || t.attempts%10 == 0 {
-			p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
-				zap.Int("attempt", t.attempts), zap.Error(err))
-		}
+		p.lookupFailed(t, m.err, now)
 		return
 	}
 	t.failingAt, t.attempts, t.unknownSince, t.missing = time.Time{}, 0, time.Time{}, nil
@@ -90,20 +61,56 @@ func (p *Producer) handleMeta(m topicMeta) {
 			zap.String("topic", t.name), zap.Int32("from", t.partitions), zap.Int32("to", m.partitions))
 		t.nextPartitions = m.partitions
 	}
-	for id, ps := range t.parts {
-		ps.leader = m.leaders[id]
+	for id, rb := range t.parts {
+		rb.leader = m.leaders[id]
 	}
 	t.leaders = m.leaders
 	if t.nextPartitions == 0 {
 		p.routePending(t)
 	}
-	for _, ps := range t.parts {
-		if ps.leader == nil && ps.hasWork() {
+	for _, rb := range t.parts {
+		if rb.leader == nil && rb.hasWork() {
 			// No leader yet (an election): ask again after a backoff.
 			t.attempts++
 			t.resolveAt = now.Add(p.retryBackoff(t.attempts))
 			break
 		}
+	}
+}
+
+// lookupFailed handles a lookup of t that failed with err (nil: it found
+// no partitions): an unknown topic is looked up again until it is missing;
+// other failures are retried with backoff until DeliveryTimeout, then
+// every record of t fails.
+func (p *Producer) lookupFailed(t *topicState, err error, now time.Time) {
+	if err == nil {
+		err = sarama.ErrUnknownTopicOrPartition
+	}
+	if errors.Is(err, sarama.ErrUnknownTopicOrPartition) || errors.Is(err, sarama.ErrInvalidTopic) {
+		p.unknownTopic(t, err, now)
+		return
+	}
+	if t.failingAt.IsZero() {
+		t.failingAt = now
+	}
+	t.attempts++
+	if now.Sub(t.failingAt) >= p.cfg.DeliveryTimeout {
+		p.log.Error("kafka metadata unavailable for longer than the delivery timeout: failing the topic's records",
+			zap.String("topic", t.name), zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Error(err))
+		t.failed = fmt.Errorf("no metadata for %s: %w", p.cfg.DeliveryTimeout, err)
+		for _, r := range t.pending {
+			p.fail(r, &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: t.failed})
+		}
+		t.pending = nil
+		for _, rb := range t.parts {
+			rb.stop(p, t.failed)
+		}
+		return
+	}
+	t.resolveAt = now.Add(p.retryBackoff(t.attempts))
+	if t.attempts == 1 || t.attempts%10 == 0 {
+		p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
+			zap.Int("attempt", t.attempts), zap.Error(err))
 	}
 }
 
@@ -123,16 +130,16 @@ func (p *Producer) repartitioned(t *topicState) {
 	if t.nextPartitions == 0 {
 		return
 	}
-	for _, ps := range t.parts {
-		if ps.hasWork() || ps.phase == partInFlight || ps.phase == partStopping {
+	for _, rb := range t.parts {
+		if !rb.drained() {
 			return
 		}
 	}
 	p.log.Info("kafka topic drained: routing by its new partition count",
 		zap.String("topic", t.name), zap.Int32("from", t.partitions), zap.Int32("to", t.nextPartitions))
 	t.partitions, t.nextPartitions = t.nextPartitions, 0
-	for id, ps := range t.parts {
-		ps.leader = t.leaders[id]
+	for id, rb := range t.parts {
+		rb.leader = t.leaders[id]
 	}
 	p.routePending(t)
 }
@@ -173,30 +180,24 @@ func (p *Producer) unknownTopic(t *topicState, err error, now time.Time) {
 			t.failed = perr
 		}
 	}
-	for _, ps := range t.parts {
+	for _, rb := range t.parts {
 		// A batch waiting to be sent again (a produce answered "unknown
 		// topic" before the lookups called it missing) is poison too:
 		// nothing else would ever answer its records.
-		if ps.phase == partWaiting {
-			recs := ps.batch.recs
-			ps.batch, ps.phase = nil, partIdle
-			for _, r := range recs {
-				p.poison(ps, r, t.missing)
-			}
+		for _, r := range rb.unwait() {
+			rb.poison(p, r, t.missing)
 		}
 		// Queued records were never sent: each is poison itself.
-		queue := ps.queue
-		ps.queue, ps.queued = nil, 0
-		for _, r := range queue {
-			p.poison(ps, r, t.missing)
+		for _, r := range rb.takeQueue() {
+			rb.poison(p, r, t.missing)
 		}
 	}
 	if !p.cfg.ContinueAfterPoison {
 		if t.failed == nil {
 			t.failed = &PoisonError{Topic: t.name, Err: t.missing}
 		}
-		for _, ps := range t.parts {
-			p.stopPartition(ps, t.failed) // a batch in flight is settled by its response
+		for _, rb := range t.parts {
+			rb.stop(p, t.failed) // a batch in flight is settled by its response
 		}
 	}
 }

@@ -6,16 +6,18 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// partPhase is where a partition's batch is. Only the transitions below
+// partPhase is where a partition's batch is. Only the recBuf verbs below
 // change it, and a batch exists exactly in the phases that hold one, so a
 // response always finds the batch it carried:
 //
-//	idle ──send──▶ inFlight ──land──▶ idle        (acked, split, poison)
+//	idle ──take──▶ inFlight ──land──▶ idle        (acked, split, poison)
 //	                  │  ▲             waiting     (retriable: same batch)
-//	     waiting ──send┘  │
+//	     waiting ──take┘  │
 //	inFlight ──stop──▶ stopping ──land──▶ stopped (the response decides
 //	                                                the batch's records)
 //	idle, waiting ──stop──▶ stopped
+//	waiting ──unwait──▶ idle                      (the topic is missing: the
+//	                                                batch's records are poison)
 //
 // Before this was explicit, stopping a partition (a metadata refresh saying
 // its topic is unknown) dropped a batch still in flight, and its response
@@ -42,7 +44,13 @@ var phaseNames = [...]string{"idle", "in flight", "waiting", "stopping", "stoppe
 
 func (ph partPhase) String() string { return phaseNames[ph] }
 
-type partitionState struct {
+// recBuf is one partition's record buffer: the records queued for it, the
+// one batch it may have out, and its phase. Its verbs are the only code
+// that moves records between the queue, the batch and the caller; like
+// everything of the producer's state, it is used on run's goroutine only.
+// Verbs that need the Producer that owns the buffer (to build a batch
+// with its id and epoch, or to hand records back) take it as an argument.
+type recBuf struct {
 	topic     *topicState
 	partition int32
 	phase     partPhase
@@ -56,94 +64,136 @@ type partitionState struct {
 	failingAt time.Time // first failure of the current batch
 	attempts  int
 	// failed, when set, refuses new records. A partition sealed by a
-	// poison record (see route) still sends what it holds; a stopped one
+	// poison record (see seal) still sends what it holds; a stopped one
 	// holds nothing.
 	failed error
 }
 
-type batch struct {
-	sent  time.Time // when it was first sent
-	bytes int       // the records' size in the batch, at most MaxMessageBytes
-	recs  []*Record
-	rb    *sarama.RecordBatch
+// hasWork reports whether rb has something to send now or later.
+func (rb *recBuf) hasWork() bool {
+	return rb.phase == partWaiting || (rb.phase == partIdle && len(rb.queue) > 0)
 }
 
-// hasWork reports whether ps has something to send now or later.
-func (ps *partitionState) hasWork() bool {
-	return ps.phase == partWaiting || (ps.phase == partIdle && len(ps.queue) > 0)
+// drained reports whether rb holds no record: nothing queued, no batch.
+func (rb *recBuf) drained() bool {
+	return !rb.hasWork() && rb.phase != partInFlight && rb.phase != partStopping
 }
 
-// take moves ps's batch into a request: a new batch from the queue when
-// idle, the same batch again when waiting.
-func (p *Producer) take(ps *partitionState) *batch {
-	if ps.phase == partIdle {
-		ps.batch = p.newBatch(ps)
-		ps.batch.sent = p.now()
+// due reports whether rb's next batch may go now; if not, the time it may
+// (a waiting batch's retry, the queue's linger).
+func (rb *recBuf) due(now time.Time, linger time.Duration, maxBytes int) (bool, time.Time) {
+	if rb.phase == partWaiting && now.Before(rb.retryAt) {
+		return false, rb.retryAt
 	}
-	ps.phase = partInFlight
-	return ps.batch
+	if rb.phase == partIdle && linger > 0 && rb.queued < maxBytes {
+		if due := rb.queue[0].enqueued.Add(linger); now.Before(due) {
+			return false, due
+		}
+	}
+	return true, time.Time{}
 }
 
-// land takes ps's batch back from a finished request. stopCause is set
-// when ps was stopped while the batch was in flight: ps is then stopped,
-// and the caller settles the batch's records with it. b is nil when ps had
+// push queues r, which arrived at now.
+func (rb *recBuf) push(r *Record, now time.Time) {
+	r.enqueued = now
+	rb.queue = append(rb.queue, r)
+	rb.queued += r.Size() + recordOverhead
+}
+
+// seal refuses every record after now with err; what rb holds still goes.
+func (rb *recBuf) seal(err error) {
+	rb.failed = err
+}
+
+// take moves rb's batch into a request: a new batch from the queue when
+// idle, the same batch again when waiting.
+func (rb *recBuf) take(p *Producer) *batch {
+	if rb.phase == partIdle {
+		rb.batch = p.newBatch(rb)
+		rb.batch.sent = p.now()
+	}
+	rb.phase = partInFlight
+	return rb.batch
+}
+
+// land takes rb's batch back from a finished request. stopCause is set
+// when rb was stopped while the batch was in flight: rb is then stopped,
+// and the caller settles the batch's records with it. b is nil when rb had
 // no batch in flight (never expected; the caller ignores the response).
-func (ps *partitionState) land() (b *batch, stopCause error) {
-	switch ps.phase {
+func (rb *recBuf) land() (b *batch, stopCause error) {
+	switch rb.phase {
 	case partInFlight:
-		b, ps.batch, ps.phase = ps.batch, nil, partIdle
+		b, rb.batch, rb.phase = rb.batch, nil, partIdle
 		return b, nil
 	case partStopping:
-		b, ps.batch, ps.phase = ps.batch, nil, partStopped
-		return b, ps.failed
+		b, rb.batch, rb.phase = rb.batch, nil, partStopped
+		return b, rb.failed
 	default:
 		return nil, nil
 	}
 }
 
 // wait puts b back to be sent again unchanged at retryAt.
-func (ps *partitionState) wait(b *batch) {
-	ps.batch, ps.phase = b, partWaiting
+func (rb *recBuf) wait(b *batch) {
+	rb.batch, rb.phase = b, partWaiting
+}
+
+// unwait takes back the records of the batch waiting to be sent again,
+// leaving rb idle; nil when none waits.
+func (rb *recBuf) unwait() []*Record {
+	if rb.phase != partWaiting {
+		return nil
+	}
+	recs := rb.batch.recs
+	rb.batch, rb.phase = nil, partIdle
+	return recs
+}
+
+// requeue puts the records of b, refused whole (so nothing was appended
+// and no sequence used), back at the front of the queue, to be sent one
+// per batch to find the one the broker refuses.
+func (rb *recBuf) requeue(b *batch) {
+	rb.queue = append(b.recs[:len(b.recs):len(b.recs)], rb.queue...)
+	rb.single = len(b.recs)
+	for _, r := range b.recs {
+		rb.queued += r.Size() + recordOverhead
+	}
+}
+
+// takeQueue empties the queue and returns what it held.
+func (rb *recBuf) takeQueue() []*Record {
+	queue := rb.queue
+	rb.queue, rb.queued = nil, 0
+	return queue
 }
 
 // poison refuses r for good: alone when the pipeline continues after poison,
 // otherwise together with everything behind it in its partition.
-func (p *Producer) poison(ps *partitionState, r *Record, cause error) {
+func (rb *recBuf) poison(p *Producer, r *Record, cause error) {
 	err := &PoisonError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Size: r.Size(), Err: cause}
 	p.fail(r, err)
 	if !p.cfg.ContinueAfterPoison {
-		p.stopPartition(ps, err)
+		rb.stop(p, err)
 	}
 }
 
-// stopPartition fails the partition's queue, and its batch unless that is in
-// flight (its response settles it: see land); every later record of the
-// partition fails at once.
-func (p *Producer) stopPartition(ps *partitionState, cause error) {
-	if ps.failed == nil {
-		ps.failed = cause
+// stop fails rb's queue, and its batch unless that is in flight (its
+// response settles it: see land); every later record of the partition
+// fails at once.
+func (rb *recBuf) stop(p *Producer, cause error) {
+	if rb.failed == nil {
+		rb.failed = cause
 	}
-	for _, r := range ps.queue {
-		p.fail(r, p.stoppedErr(r, cause))
+	for _, r := range rb.takeQueue() {
+		p.fail(r, stoppedErr(r, cause))
 	}
-	ps.queue, ps.queued = nil, 0
-	switch ps.phase {
+	switch rb.phase {
 	case partInFlight:
-		ps.phase = partStopping
+		rb.phase = partStopping
 	case partWaiting:
-		for _, r := range ps.batch.recs {
-			p.fail(r, p.recordErr(r, cause))
-		}
-		ps.batch, ps.phase = nil, partStopped
+		rb.batch.settle(p, cause)
+		rb.batch, rb.phase = nil, partStopped
 	case partIdle:
-		ps.phase = partStopped
-	}
-}
-
-// settle fails the records of a batch that came back after its partition
-// was stopped, unless the broker acknowledged them.
-func (p *Producer) settle(b *batch, cause error) {
-	for _, r := range b.recs {
-		p.fail(r, p.recordErr(r, cause))
+		rb.phase = partStopped
 	}
 }

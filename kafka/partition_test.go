@@ -17,7 +17,7 @@ func bareProducer() *Producer {
 	return &Producer{cfg: cfg, results: make(chan *Record, 16), closing: make(chan struct{}), now: time.Now}
 }
 
-func queued(p *Producer, ps *partitionState, ids ...int64) {
+func queued(p *Producer, ps *recBuf, ids ...int64) {
 	for _, id := range ids {
 		r := rec(id, "t", "a")
 		ps.queue = append(ps.queue, r)
@@ -26,8 +26,8 @@ func queued(p *Producer, ps *partitionState, ids ...int64) {
 	}
 }
 
-func partition() *partitionState {
-	return &partitionState{topic: &topicState{name: "t"}}
+func partition() *recBuf {
+	return &recBuf{topic: &topicState{name: "t"}}
 }
 
 func backIDs(p *Producer) (ids []int64, errs []error) {
@@ -54,7 +54,7 @@ func TestPartitionTakeFromIdleBuildsABatch(t *testing.T) {
 	if !ps.hasWork() {
 		t.Fatal("idle with queued records has no work")
 	}
-	b := p.take(ps)
+	b := ps.take(p)
 	if ps.phase != partInFlight || ps.batch != b || len(b.recs) != 2 || len(ps.queue) != 0 {
 		t.Fatalf("after take: %s, batch of %d, %d queued; want in flight with both records", ps.phase, len(b.recs), len(ps.queue))
 	}
@@ -68,7 +68,7 @@ func TestPartitionTakeFromIdleBuildsABatch(t *testing.T) {
 func TestPartitionLandWaitAndResendTheSameBatch(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)
-	b := p.take(ps)
+	b := ps.take(p)
 	got, cause := ps.land()
 	if got != b || cause != nil || ps.phase != partIdle || ps.batch != nil {
 		t.Fatalf("land: batch %v cause %v, %s; want the batch back, idle", got == b, cause, ps.phase)
@@ -78,7 +78,7 @@ func TestPartitionLandWaitAndResendTheSameBatch(t *testing.T) {
 		t.Fatalf("wait: %s, work %v; want waiting with work", ps.phase, ps.hasWork())
 	}
 	queued(p, ps, 2)
-	if again := p.take(ps); again != b || ps.phase != partInFlight || len(ps.queue) != 1 {
+	if again := ps.take(p); again != b || ps.phase != partInFlight || len(ps.queue) != 1 {
 		t.Fatalf("take from waiting: same batch %v, %s, %d queued; want the same batch, the new record still queued", again == b, ps.phase, len(ps.queue))
 	}
 }
@@ -99,7 +99,7 @@ func TestPartitionStopWhenIdle(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1, 2)
 	cause := errors.New("boom")
-	p.stopPartition(ps, cause)
+	ps.stop(p, cause)
 	ids, errs := backIDs(p)
 	if ps.phase != partStopped || len(ids) != 2 || !errors.Is(errs[0], ErrProduce) || !errors.Is(errs[0], errPartitionStopped) {
 		t.Fatalf("stopped idle: %s, back %v %v; want stopped, both records failed unsent", ps.phase, ids, errs)
@@ -113,11 +113,11 @@ func TestPartitionStopWhenIdle(t *testing.T) {
 func TestPartitionStopWhenWaiting(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)
-	b := p.take(ps)
+	b := ps.take(p)
 	ps.land()
 	ps.wait(b)
 	queued(p, ps, 2)
-	p.stopPartition(ps, errors.New("boom"))
+	ps.stop(p, errors.New("boom"))
 	ids, _ := backIDs(p)
 	if ps.phase != partStopped || ps.batch != nil || len(ids) != 2 {
 		t.Fatalf("stopped waiting: %s, batch %v, back %v; want stopped, batch and queue failed", ps.phase, ps.batch != nil, ids)
@@ -129,10 +129,10 @@ func TestPartitionStopWhenWaiting(t *testing.T) {
 func TestPartitionStopWhileInFlightKeepsTheBatch(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)
-	b := p.take(ps)
+	b := ps.take(p)
 	queued(p, ps, 2)
 	cause := errors.New("topic deleted")
-	p.stopPartition(ps, cause)
+	ps.stop(p, cause)
 	if ids, _ := backIDs(p); ps.phase != partStopping || ps.batch != b || len(ids) != 1 || ids[0] != 2 {
 		t.Fatalf("stopped in flight: %s, batch kept %v, back %v; want stopping, the batch kept, the queued record failed", ps.phase, ps.batch == b, ids)
 	}
@@ -140,7 +140,7 @@ func TestPartitionStopWhileInFlightKeepsTheBatch(t *testing.T) {
 	if got != b || why != cause || ps.phase != partStopped {
 		t.Fatalf("land while stopping: batch %v cause %v, %s; want the batch with the stop's cause, stopped", got == b, why, ps.phase)
 	}
-	p.settle(got, why)
+	got.settle(p, why)
 	if ids, errs := backIDs(p); len(ids) != 1 || ids[0] != 1 || !errors.Is(errs[0], cause) {
 		t.Fatalf("settled: %v %v; want record 1 failed with the cause", ids, errs)
 	}

@@ -58,15 +58,28 @@ import (
 // acknowledged records of one partition come back in the order they were
 // sent.
 //
+// # Parts
+//
+// A record is routed to its partition's record buffer (recBuf,
+// partition.go): its queue, the one batch it may have out, and its phase,
+// which only the recBuf's verbs change (take, land, wait, stop, poison).
+// schedule (schedule.go) hands every recBuf ready to send to the sink of
+// its leader (sink.go), one per broker, which builds one request from
+// their batches (batch.go), keeps it the broker's only request in flight,
+// and on the answer lands each batch back in its recBuf; what the answer
+// means for the batch — ack, retry, split, poison, stop — is in
+// response.go. Metadata (metadata.go) finds partitions and leaders; the
+// transaction is in txn.go.
+//
 // # Goroutines
 //
-// One goroutine, run, owns all state (partitions, brokers, the
+// One goroutine, run, owns all state (topics, recBufs, sinks, the
 // transaction). Kafka I/O runs in goroutines run starts with spawn — one per
-// request in flight (at most one per broker), per metadata lookup, per
-// transaction call, per broker closed at shutdown — which report back on
-// channels; run waits for all of them before it returns, and Close waits
-// for run. The one goroutine that may outlive Close hands back results
-// nobody had read yet, and ends once they were.
+// request in flight (a sink's: at most one per broker), per metadata
+// lookup, per transaction call, per broker closed at shutdown — which report
+// back on channels; run waits for all of them before it returns, and Close
+// waits for run. The one goroutine that may outlive Close hands back
+// results nobody had read yet, and ends once they were.
 type Producer struct {
 	cfg     Config
 	conf    *sarama.Config
@@ -102,8 +115,8 @@ type Producer struct {
 	txn         txnState
 	outstanding int // records accepted and not yet back
 	topics      map[string]*topicState
-	brokers     map[int32]*brokerState
-	inflight    int // requests in flight
+	sinks       map[int32]*sink // by broker id
+	inflight    int             // requests in flight
 	now         func() time.Time
 	// backlog holds results that came back after Close while nobody read
 	// Results, in order: Close never waits for a reader (see emit).
@@ -145,7 +158,7 @@ var errPartitionStopped = errors.New("not sent: an earlier record of the same pa
 type topicState struct {
 	name       string
 	partitions int32 // 0 until metadata is known
-	parts      map[int32]*partitionState
+	parts      map[int32]*recBuf
 	pending    []*Record // waiting for the partition count
 	resolving  bool
 	resolveAt  time.Time // earliest next metadata refresh
@@ -164,18 +177,6 @@ type topicState struct {
 	// partitions to drain (see repartitioned); leaders are the latest.
 	nextPartitions int32
 	leaders        map[int32]*sarama.Broker
-}
-
-type brokerState struct {
-	b    *sarama.Broker
-	busy bool
-}
-
-type produceResponse struct {
-	broker *sarama.Broker
-	parts  []*partitionState
-	resp   *sarama.ProduceResponse
-	err    error
 }
 
 type topicMeta struct {
@@ -220,7 +221,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 		exited:  make(chan struct{}),
 		results: make(chan *Record, 4096),
 		topics:  make(map[string]*topicState),
-		brokers: make(map[int32]*brokerState),
+		sinks:   make(map[int32]*sink),
 		now:     time.Now,
 	}
 	if cfg.TransactionalID != "" {
@@ -350,8 +351,7 @@ func (p *Producer) run() {
 				p.add(r)
 			}
 		case pr := <-p.resp:
-			p.inflight--
-			p.handleResponse(pr)
+			pr.sink.handle(pr)
 		case m := <-p.meta:
 			p.handleMeta(m)
 		case req := <-p.txnCtl:
@@ -391,27 +391,24 @@ func (p *Producer) shutdown() {
 	}
 	for _, t := range p.topics {
 		for _, r := range t.pending {
-			p.fail(r, p.closedErr(r))
+			p.fail(r, closedErr(r))
 		}
 		t.pending = nil
-		for _, ps := range t.parts {
-			p.stopPartition(ps, ErrProducerClosed) // in flight: settled by its response
+		for _, rb := range t.parts {
+			rb.stop(p, ErrProducerClosed) // in flight: settled by its response
 		}
 	}
-	for _, bs := range p.brokers {
-		if bs.busy {
-			b := bs.b
-			p.spawn(func() { b.Close() }) // the request in flight returns with an error
-		}
+	for _, s := range p.sinks {
+		s.abort() // the request in flight returns with an error
 	}
 	// Drain records a Send or SendBatch raced in before it saw closing.
 	for {
 		select {
 		case r := <-p.in:
-			p.fail(r, p.closedErr(r))
+			p.fail(r, closedErr(r))
 		case rs := <-p.inBatch:
 			for _, r := range rs {
-				p.fail(r, p.closedErr(r))
+				p.fail(r, closedErr(r))
 			}
 		default:
 			return

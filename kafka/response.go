@@ -52,58 +52,13 @@ func leaderMoved(err error) bool {
 		errors.Is(err, sarama.ErrBrokerNotAvailable)
 }
 
-func (p *Producer) handleResponse(pr produceResponse) {
-	if bs := p.brokers[pr.broker.ID()]; bs != nil {
-		bs.busy = false
-	}
-	if pr.err != nil {
-		// The request or its connection failed: the batches may or may not
-		// have been appended. Resending them unchanged is safe (rule 2).
-		go pr.broker.Close() // not here: Close waits for the broker's lock
-		for _, ps := range pr.parts {
-			b, stopCause := ps.land()
-			switch {
-			case b == nil:
-				p.strayResponse(ps)
-			case stopCause != nil:
-				p.settle(b, stopCause)
-			default:
-				p.retry(ps, b, fmt.Errorf("broker %s: %w", pr.broker.Addr(), pr.err), true)
-			}
-		}
-		p.forgetLeader(pr.broker)
-		return
-	}
-	for _, ps := range pr.parts {
-		var err error = sarama.ErrIncompleteResponse
-		var block *sarama.ProduceResponseBlock
-		if pr.resp != nil {
-			block = pr.resp.GetBlock(ps.topic.name, ps.partition)
-		}
-		if block != nil {
-			err = block.Err
-		}
-		b, stopCause := ps.land()
-		switch {
-		case b == nil:
-			p.strayResponse(ps)
-		case outcome(err) == outcomeAcked:
-			p.acked(ps, b, block.Offset)
-		case stopCause != nil:
-			p.settle(b, stopCause)
-		default:
-			p.refused(ps, b, err)
-		}
-	}
-}
-
 // forgetLeader makes every partition broker leads wait for fresh metadata,
 // rather than being sent to a broker that stopped answering.
 func (p *Producer) forgetLeader(broker *sarama.Broker) {
 	for _, t := range p.topics {
-		for _, ps := range t.parts {
-			if ps.leader != nil && ps.leader.ID() == broker.ID() {
-				ps.leader = nil
+		for _, rb := range t.parts {
+			if rb.leader != nil && rb.leader.ID() == broker.ID() {
+				rb.leader = nil
 				t.resolveAt = time.Time{}
 				p.resolve(t)
 			}
@@ -114,55 +69,45 @@ func (p *Producer) forgetLeader(broker *sarama.Broker) {
 // strayResponse logs a response for a partition that had no batch in
 // flight. The phases make it impossible; should it happen anyway, the
 // response is ignored rather than crash the process.
-func (p *Producer) strayResponse(ps *partitionState) {
+func (p *Producer) strayResponse(rb *recBuf) {
 	p.log.Error("kafka produce response for a partition with no batch in flight: ignored (a bug: please report it)",
-		zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition), zap.Stringer("phase", ps.phase))
+		zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition), zap.Stringer("phase", rb.phase))
 }
 
 // acked hands back the records of an acknowledged batch, in order.
-func (p *Producer) acked(ps *partitionState, b *batch, offset int64) {
-	for i, r := range b.recs {
-		r.Offset = -1
-		if offset >= 0 {
-			r.Offset = offset + int64(i)
-		}
-		p.emit(r)
+func (p *Producer) acked(rb *recBuf, b *batch, offset int64) {
+	b.ack(p, offset)
+	rb.seq = nextSeq(rb.seq, len(b.recs))
+	if !rb.failingAt.IsZero() && p.hooks.OnRecovered != nil {
+		p.hooks.OnRecovered(rb.topic.name, rb.partition, p.now().Sub(rb.failingAt))
 	}
-	ps.seq = nextSeq(ps.seq, len(b.recs))
-	if !ps.failingAt.IsZero() && p.hooks.OnRecovered != nil {
-		p.hooks.OnRecovered(ps.topic.name, ps.partition, p.now().Sub(ps.failingAt))
-	}
-	ps.failingAt, ps.attempts = time.Time{}, 0
+	rb.failingAt, rb.attempts = time.Time{}, 0
 }
 
-// refused handles a batch the broker refused with err; ps is idle again.
-func (p *Producer) refused(ps *partitionState, b *batch, err error) {
-	if t := ps.topic; t.missing != nil && errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
+// refused handles a batch the broker refused with err; rb is idle again.
+func (p *Producer) refused(rb *recBuf, b *batch, err error) {
+	if t := rb.topic; t.missing != nil && errors.Is(err, sarama.ErrUnknownTopicOrPartition) {
 		// The topic is gone (the lookups said so for UnknownTopicTimeout):
 		// the batch was not appended; its records are poison.
 		for _, r := range b.recs {
-			p.poison(ps, r, t.missing)
+			rb.poison(p, r, t.missing)
 		}
 		return
 	}
 	switch outcome(err) {
 	case outcomeRetry:
-		p.retry(ps, b, err, leaderMoved(err))
+		p.retry(rb, b, err, leaderMoved(err))
 	case outcomeTooLarge, outcomePoison:
 		if len(b.recs) > 1 {
 			// Rejected whole, so nothing was appended and no sequence
 			// used: send its records one per batch to find the culprit.
-			ps.queue = append(b.recs[:len(b.recs):len(b.recs)], ps.queue...)
-			ps.single = len(b.recs)
-			for _, r := range b.recs {
-				ps.queued += r.Size() + recordOverhead
-			}
+			rb.requeue(b)
 			return
 		}
-		p.poison(ps, b.recs[0], err)
+		rb.poison(p, b.recs[0], err)
 	default:
 		p.log.Error("kafka refused a batch for good: failing the partition's records",
-			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition), zap.Error(err))
+			zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition), zap.Error(err))
 		if !b.sent.IsZero() {
 			// The wait for this answer was Kafka's too: a leader or
 			// coordinator that was away answers late, and then with the
@@ -170,49 +115,49 @@ func (p *Producer) refused(ps *partitionState, b *batch, err error) {
 			p.noteTxnFailing(p.now().Sub(b.sent))
 		}
 		err = p.classifyTxnErr(err)
-		p.settle(b, err)
-		p.stopPartition(ps, err)
+		b.settle(p, err)
+		rb.stop(p, err)
 		if p.cfg.TransactionalID != "" {
 			p.failTxn(err)
 		}
 	}
 }
 
-// retry schedules b to be sent again, unchanged, unless ps has failed for
+// retry schedules b to be sent again, unchanged, unless rb has failed for
 // longer than the delivery timeout.
-func (p *Producer) retry(ps *partitionState, b *batch, err error, refresh bool) {
-	ps.wait(b)
+func (p *Producer) retry(rb *recBuf, b *batch, err error, refresh bool) {
+	rb.wait(b)
 	now := p.now()
-	if ps.failingAt.IsZero() {
-		ps.failingAt = now
+	if rb.failingAt.IsZero() {
+		rb.failingAt = now
 	}
-	ps.attempts++
+	rb.attempts++
 	if !b.sent.IsZero() {
 		p.noteTxnFailing(now.Sub(b.sent))
 	}
-	if now.Sub(ps.failingAt) >= p.cfg.DeliveryTimeout {
+	if now.Sub(rb.failingAt) >= p.cfg.DeliveryTimeout {
 		p.log.Error("kafka produce kept failing for the delivery timeout: failing the partition's records; the pipeline restarts from the last confirmed position",
-			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition),
-			zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Int("attempts", ps.attempts), zap.Error(err))
-		err = fmt.Errorf("delivery timeout %s after %d attempts: %w", p.cfg.DeliveryTimeout, ps.attempts, err)
-		p.stopPartition(ps, err)
+			zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition),
+			zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Int("attempts", rb.attempts), zap.Error(err))
+		err = fmt.Errorf("delivery timeout %s after %d attempts: %w", p.cfg.DeliveryTimeout, rb.attempts, err)
+		rb.stop(p, err)
 		if p.cfg.TransactionalID != "" {
 			p.failTxn(err)
 		}
 		return
 	}
-	ps.retryAt = now.Add(p.retryBackoff(ps.attempts))
-	if ps.attempts == 1 || ps.attempts%10 == 0 {
+	rb.retryAt = now.Add(p.retryBackoff(rb.attempts))
+	if rb.attempts == 1 || rb.attempts%10 == 0 {
 		p.log.Warn("kafka produce failed; sending the same batch again",
-			zap.String("topic", ps.topic.name), zap.Int32("partition", ps.partition),
-			zap.Int("attempt", ps.attempts), zap.Error(err))
+			zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition),
+			zap.Int("attempt", rb.attempts), zap.Error(err))
 	}
 	if p.hooks.OnRetry != nil {
-		p.hooks.OnRetry(ps.topic.name, ps.partition, ps.attempts, err)
+		p.hooks.OnRetry(rb.topic.name, rb.partition, rb.attempts, err)
 	}
 	if refresh {
-		ps.leader = nil
-		t := ps.topic
+		rb.leader = nil
+		t := rb.topic
 		if t.resolveAt.Before(now) {
 			t.resolveAt = time.Time{}
 		}

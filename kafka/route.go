@@ -11,7 +11,7 @@ import (
 func (p *Producer) add(r *Record) {
 	p.outstanding++
 	if p.closingNow() {
-		p.fail(r, p.closedErr(r))
+		p.fail(r, closedErr(r))
 		return
 	}
 	if p.txn.failed != nil {
@@ -20,12 +20,12 @@ func (p *Producer) add(r *Record) {
 	}
 	t := p.topics[r.Topic]
 	if t == nil {
-		t = &topicState{name: r.Topic, parts: make(map[int32]*partitionState)}
+		t = &topicState{name: r.Topic, parts: make(map[int32]*recBuf)}
 		p.topics[r.Topic] = t
 	}
 	switch {
 	case t.failed != nil:
-		p.fail(r, p.stoppedErr(r, t.failed))
+		p.fail(r, stoppedErr(r, t.failed))
 	case t.partitions == 0:
 		t.pending = append(t.pending, r)
 		p.resolve(t)
@@ -48,34 +48,34 @@ func (p *Producer) closingNow() bool {
 }
 
 // recordErr is the error of r, sent in a batch that failed for cause.
-func (p *Producer) recordErr(r *Record, cause error) error {
+func recordErr(r *Record, cause error) error {
 	if pe := (*PoisonError)(nil); errors.As(cause, &pe) && pe.OutboxID == r.OutboxID && pe.Topic == r.Topic {
 		return cause
 	}
 	if errors.Is(cause, ErrProducerClosed) {
-		return p.closedErr(r)
+		return closedErr(r)
 	}
 	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: cause}
 }
 
 // stoppedErr is the error of r, never sent because its partition stopped.
-func (p *Producer) stoppedErr(r *Record, cause error) error {
+func stoppedErr(r *Record, cause error) error {
 	if errors.Is(cause, ErrProducerClosed) {
-		return p.closedErr(r)
+		return closedErr(r)
 	}
 	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: errPartitionStopped}
 }
 
 func (p *Producer) route(t *topicState, r *Record) {
 	part := int32(murmur2(r.Key)&0x7fffffff) % t.partitions
-	ps := t.parts[part]
-	if ps == nil {
-		ps = &partitionState{topic: t, partition: part}
-		t.parts[part] = ps
+	rb := t.parts[part]
+	if rb == nil {
+		rb = &recBuf{topic: t, partition: part}
+		t.parts[part] = rb
 	}
 	r.Partition = part
-	if ps.failed != nil {
-		p.fail(r, p.stoppedErr(r, ps.failed))
+	if rb.failed != nil {
+		p.fail(r, stoppedErr(r, rb.failed))
 		return
 	}
 	if r.Size()+recordOverhead > p.cfg.MaxMessageBytes {
@@ -84,18 +84,16 @@ func (p *Producer) route(t *topicState, r *Record) {
 		p.fail(r, err)
 		if !p.cfg.ContinueAfterPoison {
 			// What is queued ahead of it still goes; nothing behind it.
-			ps.failed = err
+			rb.seal(err)
 		}
 		return
 	}
-	r.enqueued = p.now()
-	ps.queue = append(ps.queue, r)
-	ps.queued += r.Size() + recordOverhead
-	if ps.leader == nil {
+	rb.push(r, p.now())
+	if rb.leader == nil {
 		p.resolve(t)
 	}
 }
 
-func (p *Producer) closedErr(r *Record) error {
+func closedErr(r *Record) error {
 	return &ProduceError{OutboxID: r.OutboxID, EventID: r.EventID, Topic: r.Topic, Err: ErrProducerClosed}
 }

@@ -330,13 +330,13 @@ func (p *Producer) endTxnRequest(ctx context.Context, commit bool) error {
 	}
 }
 
-// txnPartitionReady reports whether ps may be sent in the current
+// txnPartitionReady reports whether rb may be sent in the current
 // transaction, and registers it when not yet.
-func (p *Producer) txnPartitionReady(ps *partitionState, needAdd map[topicPartition]bool) bool {
+func (p *Producer) txnPartitionReady(rb *recBuf, needAdd map[topicPartition]bool) bool {
 	if p.cfg.TransactionalID == "" {
 		return true
 	}
-	tp := topicPartition{ps.topic.name, ps.partition}
+	tp := topicPartition{rb.topic.name, rb.partition}
 	if p.txn.added[tp] {
 		return true
 	}
@@ -386,8 +386,8 @@ func (p *Producer) failTxn(err error) {
 		p.txn.failed = err
 	}
 	for _, t := range p.topics {
-		for _, ps := range t.parts {
-			p.stopPartition(ps, err) // a batch in flight is settled by its response
+		for _, rb := range t.parts {
+			rb.stop(p, err) // a batch in flight is settled by its response
 		}
 	}
 }
