@@ -6,30 +6,33 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/halt"
 )
 
 // ErrSchema means the outbox table cannot be polled as it is: missing, or a
 // column missing or of a type outboxd cannot map the way CDC does. Restarting
 // does not help; the service halts.
-var ErrSchema = &haltingError{"outbox table not pollable"}
+var ErrSchema = halt.New("outbox table not pollable")
 
 // ErrBadRow means a row holds a value CDC would refuse as well (a NULL
 // aggregate id or payload, a timestamp out of range). The service halts, as
 // CDC does, so the row is looked at rather than skipped.
-var ErrBadRow = &haltingError{"bad outbox row"}
+var ErrBadRow = halt.New("bad outbox row")
 
-// haltError is a message that wraps ErrSchema or ErrBadRow without
+// detailError is a message that wraps ErrSchema or ErrBadRow without
 // repeating its text.
-type haltError struct {
+type detailError struct {
 	sentinel error
 	msg      string
 }
 
-func (e *haltError) Error() string { return e.msg }
-func (e *haltError) Unwrap() error { return e.sentinel }
+func (e *detailError) Error() string { return e.msg }
+func (e *detailError) Unwrap() error { return e.sentinel }
 
-func halt(sentinel error, format string, args ...any) error {
-	return &haltError{sentinel: sentinel, msg: fmt.Sprintf(format, args...)}
+// haltf is a halting error: sentinel with a message of its own.
+func haltf(sentinel error, format string, args ...any) error {
+	return &detailError{sentinel: sentinel, msg: fmt.Sprintf(format, args...)}
 }
 
 // table is what a session learned about the outbox table.
@@ -88,10 +91,10 @@ func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*ta
 		return nil, fmt.Errorf("poll: read columns of %s: %w", plain, err)
 	}
 	if len(types) == 0 {
-		return nil, halt(ErrSchema, "outbox table %s does not exist: run \"outboxd migrate --source=poll\" or create it", plain)
+		return nil, haltf(ErrSchema, "outbox table %s does not exist: run \"outboxd migrate --source=poll\" or create it", plain)
 	}
 	missing := func(col, hint string) error {
-		return halt(ErrSchema, "outbox table %s has no column %q: %s", plain, col, hint)
+		return haltf(ErrSchema, "outbox table %s has no column %q: %s", plain, col, hint)
 	}
 	for _, col := range []string{"id", "aggregate_id", "payload"} {
 		if types[col] == "" {
@@ -104,7 +107,7 @@ func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*ta
 	switch types["id"] {
 	case "int2", "int4", "int8":
 	default:
-		return nil, halt(ErrSchema, "outbox table %s: column \"id\" has type %s, want an integer", plain, types["id"])
+		return nil, haltf(ErrSchema, "outbox table %s: column \"id\" has type %s, want an integer", plain, types["id"])
 	}
 	t := &table{name: qualified, plain: plain, columns: names}
 	id := func(col string) string { return pgx.Identifier{col}.Sanitize() }
@@ -133,7 +136,7 @@ func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*ta
 		t.hasCreated = true
 		sel = append(sel, id("created_at")+" AT TIME ZONE 'UTC'")
 	default:
-		return nil, halt(ErrSchema, "outbox table %s: column \"created_at\" has type %s, want timestamptz or timestamp", plain, types["created_at"])
+		return nil, haltf(ErrSchema, "outbox table %s: column \"created_at\" has type %s, want timestamptz or timestamp", plain, types["created_at"])
 	}
 	if types["event_type"] != "" {
 		sel = append(sel, id("event_type")+"::text")
@@ -153,12 +156,3 @@ func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*ta
 	}
 	return t, nil
 }
-
-// haltingError is a sentinel error a restart cannot fix; it says so (Halts),
-// so that the supervisor halts instead of restarting (outbox.Halts).
-type haltingError struct{ msg string }
-
-func (e *haltingError) Error() string { return e.msg }
-
-// Halts implements outbox.Halts.
-func (e *haltingError) Halts() bool { return true }

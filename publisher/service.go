@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
@@ -172,7 +173,7 @@ func (s *Service) openSource(ctx context.Context) (Source, error) {
 		s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
 		return nil, fmt.Errorf("%w: %w", outbox.ErrRetrySoon, err)
 	}
-	if errors.Is(err, replication.ErrSlotInUse) || outbox.Halts(err) {
+	if errors.Is(err, replication.ErrSlotInUse) || halt.Is(err) {
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: %w", errSourceOpen, err)
@@ -260,7 +261,7 @@ func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod Producer
 		return progressed, abortErr
 	case plErr != nil && !errors.Is(plErr, context.Canceled):
 		return progressed, plErr
-	case sErr != nil && outbox.Halts(sErr):
+	case sErr != nil && halt.Is(sErr):
 		return progressed, sErr
 	case sErr != nil:
 		return progressed, fmt.Errorf("%w: %w", errSource, sErr)
