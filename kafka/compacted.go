@@ -77,11 +77,8 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 	if err != nil {
 		return nil, err
 	}
-	if cfg.CheckpointReadTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.CheckpointReadTimeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.CheckpointReadTimeout)
+	defer cancel()
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
@@ -99,7 +96,7 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 		}
 		r := &partitionReader{client: client, topic: topic, part: p, hwm: hwm}
 		if err := r.read(ctx, latest); err != nil {
-			if ctx.Err() != nil && cfg.CheckpointReadTimeout > 0 {
+			if ctx.Err() != nil {
 				return nil, fmt.Errorf("kafka: reading %s/%d did not finish within %s (--checkpoint-read-timeout): %w", topic, p, cfg.CheckpointReadTimeout, err)
 			}
 			return nil, err
