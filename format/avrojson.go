@@ -269,18 +269,7 @@ func convertInt(logical avro.LogicalType, v any, path string) (any, error) {
 		}
 		return time.Unix(n*86400, 0).UTC(), nil
 	case avro.TimeMillis:
-		if str, ok := v.(string); ok {
-			d, err := timeOfDay(str, path)
-			if err != nil {
-				return nil, err
-			}
-			return d.Truncate(time.Millisecond), nil
-		}
-		n, err := integer(v, path, 0, 86400000-1)
-		if err != nil {
-			return nil, err
-		}
-		return time.Duration(n) * time.Millisecond, nil
+		return convertTimeOfDay(v, path, time.Millisecond)
 	}
 	n, err := integer(v, path, math.MinInt32, math.MaxInt32)
 	if err != nil {
@@ -318,24 +307,31 @@ func convertLong(logical avro.LogicalType, v any, path string) (any, error) {
 		}
 		return time.UnixMicro(n).UTC(), nil
 	case avro.TimeMicros:
-		if str, ok := v.(string); ok {
-			d, err := timeOfDay(str, path)
-			if err != nil {
-				return nil, err
-			}
-			return d.Truncate(time.Microsecond), nil
-		}
-		n, err := integer(v, path, 0, 86400000000-1)
-		if err != nil {
-			return nil, err
-		}
-		return time.Duration(n) * time.Microsecond, nil
+		return convertTimeOfDay(v, path, time.Microsecond)
 	}
 	n, err := integer(v, path, math.MinInt64, math.MaxInt64)
 	if err != nil {
 		return nil, err
 	}
 	return n, nil
+}
+
+// convertTimeOfDay takes a time of day in unit (a millisecond or a
+// microsecond): HH:MM:SS[.fraction], truncated to unit, or a count of units
+// since midnight.
+func convertTimeOfDay(v any, path string, unit time.Duration) (any, error) {
+	if str, ok := v.(string); ok {
+		d, err := timeOfDay(str, path)
+		if err != nil {
+			return nil, err
+		}
+		return d.Truncate(unit), nil
+	}
+	n, err := integer(v, path, 0, int64(24*time.Hour/unit)-1)
+	if err != nil {
+		return nil, err
+	}
+	return time.Duration(n) * unit, nil
 }
 
 // convertFloat takes a JSON number in range for a float or a double (t).
