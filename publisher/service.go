@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -183,15 +182,10 @@ func (s *Service) openSource(ctx context.Context) (Source, error) {
 // checkpoint, when checkpoints are on), dead-letterer and hook. closeDeps
 // closes the last two; on an error they are closed already.
 func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id Identity) (pl *Pipeline, closeDeps func(), err error) {
-	var closers []io.Closer
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i].Close()
-		}
-	}
+	var closers outbox.Closers
 	defer func() {
 		if err != nil {
-			closeAll()
+			closers.CloseAll()
 		}
 	}()
 	var cp *checkpointing
@@ -205,18 +199,14 @@ func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id
 		if dlq, err = s.deps.NewDeadLetterer(); err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
-		if c, ok := dlq.(io.Closer); ok {
-			closers = append(closers, c)
-		}
+		closers.Add(dlq)
 	}
 	var hook outbox.Hook
 	if s.deps.NewHook != nil {
 		if hook, err = s.deps.NewHook(ctx); err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", outbox.ErrHook, err)
 		}
-		if c, ok := hook.(io.Closer); ok {
-			closers = append(closers, c)
-		}
+		closers.Add(hook)
 	}
 	pl = NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
 	if cp != nil {
@@ -224,7 +214,7 @@ func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id
 			return nil, nil, err
 		}
 	}
-	return pl, closeAll, nil
+	return pl, closers.CloseAll, nil
 }
 
 // stream runs the stream and the pipeline until the pipeline returns, then
