@@ -13,8 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/outbox"
 )
 
 const orderSchema = `{
@@ -108,7 +108,7 @@ func TestEncodeAvroBadPayloadIsPoison(t *testing.T) {
 		before := string(r.Value)
 		err := e.Encode(context.Background(), r)
 		var bad *BadPayloadError
-		if !errors.As(err, &bad) || !errors.Is(err, kafka.ErrPoison) || !outbox.Halts(err) {
+		if !errors.As(err, &bad) || !errors.Is(err, kafka.ErrPoison) || !halt.Is(err) {
 			t.Fatalf("%s: err = %v, want a poison BadPayloadError", payload, err)
 		}
 		if string(r.Value) != before {
@@ -122,7 +122,7 @@ func TestEncodeRegistryErrorsAreNotPoison(t *testing.T) {
 	e := newTestEncoder(t, Config{Value: Side{Format: Avro}}, reg)
 	err := e.Encode(context.Background(), record(`{}`))
 	var re *RegistryError
-	if !errors.As(err, &re) || errors.Is(err, kafka.ErrPoison) || outbox.Halts(err) || re.Subject != "orders-value" {
+	if !errors.As(err, &re) || errors.Is(err, kafka.ErrPoison) || halt.Is(err) || re.Subject != "orders-value" {
 		t.Fatalf("no subject: err = %v, want a RegistryError for orders-value", err)
 	}
 	reg.down = true

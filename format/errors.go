@@ -32,7 +32,7 @@ func (e *BadPayloadError) Error() string {
 // Is makes a BadPayloadError a poison event.
 func (e *BadPayloadError) Is(target error) bool { return target == kafka.ErrPoison }
 
-// Halts says a restart cannot fix it (outbox.Halts): the event has to be
+// Halts says a restart cannot fix it (halt.Is): the event has to be
 // dead-lettered or skipped.
 func (e *BadPayloadError) Halts() bool { return true }
 

@@ -119,31 +119,42 @@ func (s *schemas) forSubject(ctx context.Context, f Format, side Side, subject s
 // forID returns the codec for a schema id.
 func (s *schemas) forID(ctx context.Context, f Format, message string, id int, subject string) (codec, error) {
 	key := codecKey{id: id, message: message}
-	s.mu.Lock()
-	c, ok := s.byID[key]
-	s.mu.Unlock()
-	if ok {
+	if c, ok := s.cached(key); ok {
 		return c, nil
 	}
 	sch, err := s.reg.SchemaByID(ctx, id)
 	if err != nil {
 		return nil, &RegistryError{Subject: subject, Op: "schema id " + strconv.Itoa(id), Err: err}
 	}
-	return s.remember(f, message, id, sch)
+	return s.parse(f, key, sch)
 }
 
-// remember parses a schema the registry gave and caches its codec.
+// remember caches the codec of a schema the registry gave, unless it is
+// cached already.
 func (s *schemas) remember(f Format, message string, id int, sch sr.Schema) (codec, error) {
 	key := codecKey{id: id, message: message}
-	s.mu.Lock()
-	c, ok := s.byID[key]
-	s.mu.Unlock()
-	if ok {
+	if c, ok := s.cached(key); ok {
 		return c, nil
 	}
+	return s.parse(f, key, sch)
+}
+
+// cached is the codec made for key, if there is one.
+func (s *schemas) cached(key codecKey) (codec, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.byID[key]
+	return c, ok
+}
+
+// parse makes the codec for key from sch, the registry's schema under
+// key's id, and caches it.
+func (s *schemas) parse(f Format, key codecKey, sch sr.Schema) (codec, error) {
+	id, message := key.id, key.message
 	if want := schemaType(f); sch.Type != want {
 		return nil, &SchemaError{Format: f, ID: id, Err: errors.New("the registry holds a " + sch.Type.String() + " schema under this id")}
 	}
+	var c codec
 	var err error
 	switch f {
 	case Avro:

@@ -77,11 +77,8 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 	if err != nil {
 		return nil, err
 	}
-	if cfg.CheckpointReadTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.CheckpointReadTimeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.CheckpointReadTimeout)
+	defer cancel()
 	client, err := sarama.NewClient(cfg.Brokers, sc)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
@@ -99,7 +96,7 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 		}
 		r := &partitionReader{client: client, topic: topic, part: p, hwm: hwm}
 		if err := r.read(ctx, latest); err != nil {
-			if ctx.Err() != nil && cfg.CheckpointReadTimeout > 0 {
+			if ctx.Err() != nil {
 				return nil, fmt.Errorf("kafka: reading %s/%d did not finish within %s (--checkpoint-read-timeout): %w", topic, p, cfg.CheckpointReadTimeout, err)
 			}
 			return nil, err
@@ -135,16 +132,11 @@ type pendingRecord struct {
 	value  []byte
 }
 
+// read reads the partition from its start to hwm into latest.
 func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue) error {
-	client, topic, part := pr.client, pr.topic, pr.part
-	off, err := client.GetOffset(topic, part, sarama.OffsetOldest)
+	off, err := pr.client.GetOffset(pr.topic, pr.part, sarama.OffsetOldest)
 	if err != nil {
-		return fmt.Errorf("kafka: %s/%d start offset: %w", topic, part, err)
-	}
-	put := func(key string, o int64, value []byte) {
-		if cur, ok := latest[key]; !ok || o > cur.offset {
-			latest[key] = keyValue{offset: o, value: value}
-		}
+		return fmt.Errorf("kafka: %s/%d start offset: %w", pr.topic, pr.part, err)
 	}
 	// The records of each producer's transaction not decided yet.
 	pending := map[int64][]pendingRecord{}
@@ -152,23 +144,9 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		b, err := client.Leader(topic, part)
+		block, err := pr.fetch(off)
 		if err != nil {
-			return fmt.Errorf("kafka: %s/%d leader: %w", topic, part, err)
-		}
-		req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: 16 << 20,
-			Isolation: sarama.ReadUncommitted}
-		req.AddBlock(topic, part, off, 8<<20, -1)
-		resp, err := b.Fetch(req)
-		if err != nil {
-			return fmt.Errorf("kafka: fetch %s/%d: %w", topic, part, err)
-		}
-		block := resp.GetBlock(topic, part)
-		if block == nil {
-			return fmt.Errorf("kafka: fetch %s/%d: no answer for the partition", topic, part)
-		}
-		if !errors.Is(block.Err, sarama.ErrNoError) {
-			return fmt.Errorf("kafka: fetch %s/%d: %w", topic, part, block.Err)
+			return err
 		}
 		progressed := false
 		for _, rs := range block.RecordsSet {
@@ -180,29 +158,7 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 			if last < off {
 				continue
 			}
-			switch {
-			case rb.Control:
-				// The end of the producer's transaction: its records count
-				// if it committed.
-				if len(rb.Records) > 0 && controlType(rb.Records[0].Key) == sarama.ControlRecordCommit {
-					for _, r := range pending[rb.ProducerID] {
-						put(r.key, r.offset, r.value)
-					}
-				}
-				delete(pending, rb.ProducerID)
-			default:
-				for _, r := range rb.Records {
-					o := rb.FirstOffset + r.OffsetDelta
-					if o < off || o >= pr.hwm {
-						continue
-					}
-					if rb.IsTransactional {
-						pending[rb.ProducerID] = append(pending[rb.ProducerID], pendingRecord{string(r.Key), o, r.Value})
-					} else {
-						put(string(r.Key), o, r.Value)
-					}
-				}
-			}
+			pr.take(rb, off, pending, latest)
 			off = last + 1
 			progressed = true
 		}
@@ -210,7 +166,7 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 			if len(block.RecordsSet) == 0 && off < block.HighWaterMarkOffset {
 				// Nothing came although records are there (a batch larger
 				// than the fetch): give up loudly rather than loop.
-				return fmt.Errorf("kafka: fetch %s/%d at offset %d returned nothing below the high watermark %d", topic, part, off, block.HighWaterMarkOffset)
+				return fmt.Errorf("kafka: fetch %s/%d at offset %d returned nothing below the high watermark %d", pr.topic, pr.part, off, block.HighWaterMarkOffset)
 			}
 			if off < pr.hwm {
 				// A new leader may briefly answer with a lower high
@@ -220,6 +176,66 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 		}
 	}
 	return nil
+}
+
+// fetch asks the partition's leader for its records from off,
+// read_uncommitted.
+func (pr *partitionReader) fetch(off int64) (*sarama.FetchResponseBlock, error) {
+	topic, part := pr.topic, pr.part
+	b, err := pr.client.Leader(topic, part)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: %s/%d leader: %w", topic, part, err)
+	}
+	req := &sarama.FetchRequest{Version: 11, MaxWaitTime: 100, MinBytes: 1, MaxBytes: 16 << 20,
+		Isolation: sarama.ReadUncommitted}
+	req.AddBlock(topic, part, off, 8<<20, -1)
+	resp, err := b.Fetch(req)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: fetch %s/%d: %w", topic, part, err)
+	}
+	block := resp.GetBlock(topic, part)
+	if block == nil {
+		return nil, fmt.Errorf("kafka: fetch %s/%d: no answer for the partition", topic, part)
+	}
+	if !errors.Is(block.Err, sarama.ErrNoError) {
+		return nil, fmt.Errorf("kafka: fetch %s/%d: %w", topic, part, block.Err)
+	}
+	return block, nil
+}
+
+// take reads one record batch from offset off (below hwm): a plain record
+// counts at once, a transactional one waits in pending for its producer's
+// marker, and a marker decides its producer's pending records.
+func (pr *partitionReader) take(rb *sarama.RecordBatch, off int64, pending map[int64][]pendingRecord, latest map[string]keyValue) {
+	if rb.Control {
+		// The end of the producer's transaction: its records count if it
+		// committed.
+		if len(rb.Records) > 0 && controlType(rb.Records[0].Key) == sarama.ControlRecordCommit {
+			for _, r := range pending[rb.ProducerID] {
+				putLatest(latest, r.key, r.offset, r.value)
+			}
+		}
+		delete(pending, rb.ProducerID)
+		return
+	}
+	for _, r := range rb.Records {
+		o := rb.FirstOffset + r.OffsetDelta
+		if o < off || o >= pr.hwm {
+			continue
+		}
+		if rb.IsTransactional {
+			pending[rb.ProducerID] = append(pending[rb.ProducerID], pendingRecord{string(r.Key), o, r.Value})
+		} else {
+			putLatest(latest, string(r.Key), o, r.Value)
+		}
+	}
+}
+
+// putLatest makes value key's latest unless a later offset of it was read.
+func putLatest(latest map[string]keyValue, key string, o int64, value []byte) {
+	if cur, ok := latest[key]; !ok || o > cur.offset {
+		latest[key] = keyValue{offset: o, value: value}
+	}
 }
 
 // controlType is the type of a control record from its key (version,

@@ -47,7 +47,7 @@ type Config struct {
 	// change is noticed. Zero: only on errors.
 	MetadataRefresh time.Duration
 	// CheckpointReadTimeout bounds a ReadCompacted (brokers that do not
-	// answer; it never waits for open transactions). Zero: no bound.
+	// answer; it never waits for open transactions). It must be > 0.
 	CheckpointReadTimeout time.Duration
 	// RequestTimeout is how long a broker may wait for the in-sync
 	// replicas before answering a produce request; the connection's read
@@ -124,6 +124,9 @@ func (c Config) Validate() error {
 	}
 	if c.DeliveryTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("Kafka delivery timeout must be > 0, got %s: set --kafka-delivery-timeout", c.DeliveryTimeout))
+	}
+	if c.CheckpointReadTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--checkpoint-read-timeout must be > 0, got %s", c.CheckpointReadTimeout))
 	}
 	if c.UnknownTopicTimeout < 0 || c.MetadataRefresh < 0 {
 		errs = append(errs, fmt.Errorf("Kafka unknown-topic timeout and metadata refresh must be ≥ 0, got %s and %s", c.UnknownTopicTimeout, c.MetadataRefresh))

@@ -4,13 +4,15 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+
+	"github.com/outboxd/outboxd/halt"
 )
 
 var (
 	// ErrPoison means Kafka refused an event for good (too large, unknown
 	// topic, invalid record) or the event has no topic. Restarting would hit
 	// it again, so the service halts unless a dead-letter topic is set.
-	ErrPoison = &haltError{"poison event"}
+	ErrPoison = halt.New("poison event")
 	// ErrProduce means a produce failed after the producer's retries. The
 	// pipeline restarts from the last confirmed position.
 	ErrProduce = errors.New("produce failed")
@@ -61,7 +63,7 @@ func (e *ProduceError) Unwrap() []error { return []error{ErrProduce, e.Err} }
 // ErrNotAuthorized means the brokers refused an operation for lack of an
 // ACL. A restart does not fix it: the service halts and says which ACL to
 // grant.
-var ErrNotAuthorized = &haltError{"kafka: not authorized"}
+var ErrNotAuthorized = halt.New("kafka: not authorized")
 
 // ACLError names the ACL the brokers found missing.
 type ACLError struct {
@@ -83,12 +85,3 @@ func (e *ACLError) Error() string {
 
 // Unwrap matches ErrNotAuthorized and the cause.
 func (e *ACLError) Unwrap() []error { return []error{ErrNotAuthorized, e.Err} }
-
-// haltError is a sentinel error a restart cannot fix; it says so (Halts),
-// so that the supervisor halts instead of restarting (outbox.Halts).
-type haltError struct{ msg string }
-
-func (e *haltError) Error() string { return e.msg }
-
-// Halts implements outbox.Halts.
-func (e *haltError) Halts() bool { return true }

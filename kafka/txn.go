@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/halt"
 )
 
 // Transactions (Config.TransactionalID set).
@@ -29,7 +30,7 @@ import (
 // ErrFenced means another producer with the same transactional id took over
 // (PRODUCER_FENCED): this process is a zombie and must stop without
 // confirming anything.
-var ErrFenced = &haltError{"kafka: fenced by a newer producer with the same transactional id"}
+var ErrFenced = halt.New("kafka: fenced by a newer producer with the same transactional id")
 
 // ErrTxnFailed means a record of the transaction failed: it cannot commit.
 var ErrTxnFailed = errors.New("kafka: transaction failed")
@@ -49,7 +50,7 @@ var ErrTxnLost = errors.New("kafka: the transaction coordinator dropped this pro
 // transactions at the first PostgreSQL commit after --kafka-txn-max-age, so
 // this happens only when what must be published atomically takes longer than
 // the timeout: publishing it again would time out again. The service halts.
-var ErrTxnTimeout = &haltError{"kafka: transaction timed out"}
+var ErrTxnTimeout = halt.New("kafka: transaction timed out")
 
 // TxnTimeoutError is ErrTxnTimeout with what is needed to fix it.
 type TxnTimeoutError struct {

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/poll"
@@ -33,7 +34,7 @@ func TestErrorsSayWhetherTheyHalt(t *testing.T) {
 		poll.ErrSchema, poll.ErrBadRow,
 	}
 	for _, err := range halting {
-		if !outbox.Halts(fmt.Errorf("session: %w", err)) {
+		if !halt.Is(fmt.Errorf("session: %w", err)) {
 			t.Errorf("%v does not halt", err)
 		}
 	}
@@ -44,7 +45,7 @@ func TestErrorsSayWhetherTheyHalt(t *testing.T) {
 		errors.New("connection reset"), context.Canceled,
 	}
 	for _, err := range restarting {
-		if outbox.Halts(fmt.Errorf("session: %w", err)) {
+		if halt.Is(fmt.Errorf("session: %w", err)) {
 			t.Errorf("%v halts, want a restart", err)
 		}
 	}

@@ -3,10 +3,13 @@ package outbox
 import (
 	"context"
 	"errors"
-	"github.com/outboxd/outboxd/backoff"
-	"go.uber.org/zap"
 	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/halt"
 )
 
 // State is what a supervised source is doing, for health checks.
@@ -58,6 +61,16 @@ type Session func(stop, hard context.Context) (progressed bool, err error)
 // another process holds the slot, the shutdown watchdog, the state for
 // readiness and the restart-cause metric. A source only says how one
 // session starts and runs.
+//
+// It decides what to do about a session's error once, from the error alone,
+// and knows no source's types:
+//
+//   - an error that halts (halt.Is: a poison event, a missing slot, an
+//     unreadable table) halts the source: Run returns it;
+//   - an error implementing Held waits as a standby (another process holds
+//     the slot);
+//   - ErrRetrySoon starts the next session soon, without counting a restart;
+//   - anything else restarts the session with backoff.
 type Supervisor struct {
 	cfg   SupervisorConfig
 	log   *zap.Logger
@@ -130,7 +143,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 		if ctx.Err() != nil {
 			if err != nil && !errors.Is(err, context.Canceled) {
 				// A failure while finishing: never dropped silently.
-				if Halts(err) {
+				if halt.Is(err) {
 					s.log.Error("halting", zap.Error(err))
 					return err
 				}
@@ -157,7 +170,7 @@ func (s *Supervisor) Run(ctx context.Context, session Session) error {
 				return nil
 			}
 			continue
-		case Halts(err):
+		case halt.Is(err):
 			s.log.Error("halting", zap.Error(err))
 			return err
 		}

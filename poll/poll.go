@@ -8,7 +8,6 @@ import (
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
 	"go.uber.org/zap"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -165,24 +164,17 @@ func closeConns(conns []*pgx.Conn) {
 // openDeps connects the dead-letterer and one hook per worker, when set.
 // closeDeps closes them; on an error they are closed already.
 func (p *Poller) openDeps(ctx context.Context, workers int) (dlq outbox.DeadLetterer, hooks []outbox.Hook, closeDeps func(), err error) {
-	var closers []io.Closer
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i].Close()
-		}
-	}
+	var closers outbox.Closers
 	defer func() {
 		if err != nil {
-			closeAll()
+			closers.CloseAll()
 		}
 	}()
 	if p.deps.NewDeadLetterer != nil {
 		if dlq, err = p.deps.NewDeadLetterer(); err != nil {
 			return nil, nil, nil, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
-		if c, ok := dlq.(io.Closer); ok {
-			closers = append(closers, c)
-		}
+		closers.Add(dlq)
 	}
 	hooks = make([]outbox.Hook, workers)
 	if p.deps.NewHook != nil {
@@ -191,13 +183,11 @@ func (p *Poller) openDeps(ctx context.Context, workers int) (dlq outbox.DeadLett
 			if err != nil {
 				return nil, nil, nil, fmt.Errorf("%w: %w", errHookOpen, err)
 			}
-			if c, ok := h.(io.Closer); ok {
-				closers = append(closers, c)
-			}
+			closers.Add(h)
 			hooks[i] = h
 		}
 	}
-	return dlq, hooks, closeAll, nil
+	return dlq, hooks, closers.CloseAll, nil
 }
 
 // runWorkers runs one worker per connection until a stop or the first

@@ -3,158 +3,21 @@ package poll
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxd/outboxd/internal/testenv"
-	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/migrations"
-	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
 )
-
-// migrated gives the test its own database with the outbox migrations
-// applied and the table migrated for polling: outboxd migrate --source=poll.
-func migrated(t *testing.T) *testenv.PG {
-	t.Helper()
-	pg := testenv.Postgres(t)
-	conn := pg.Conn(t)
-	if _, err := migrations.Apply(context.Background(), conn, nil); err != nil {
-		t.Fatalf("migrate: %v", err)
-	}
-	if _, err := Migrate(context.Background(), conn, "public", "outbox"); err != nil {
-		t.Fatalf("poll.Migrate: %v", err)
-	}
-	return pg
-}
-
-func testConfig(pg *testenv.PG) Config {
-	c := DefaultConfig()
-	c.ConnString = pg.DSN
-	c.Interval = 10 * time.Millisecond
-	c.BatchSize = 50
-	c.ShutdownTimeout = 5 * time.Second
-	c.RestartBackoffMin = 20 * time.Millisecond
-	c.RestartBackoffMax = 100 * time.Millisecond
-	return c
-}
-
-// running is a Poller's Run in a goroutine.
-type running struct {
-	p      *Poller
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func start(t *testing.T, cfg Config, deps Deps) *running {
-	t.Helper()
-	p, err := New(cfg, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), nil, deps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{p: p, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- p.Run(ctx) }()
-	t.Cleanup(func() { r.stop(t) })
-	return r
-}
-
-// stop cancels Run and returns its result.
-func (r *running) stop(t *testing.T) error {
-	t.Helper()
-	r.cancel()
-	select {
-	case err := <-r.done:
-		r.done <- err // stop may be called again (cleanup)
-		return err
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s of cancel")
-		return nil
-	}
-}
-
-// wait returns Run's result once it returned by itself.
-func (r *running) wait(t *testing.T, timeout time.Duration) error {
-	t.Helper()
-	select {
-	case err := <-r.done:
-		r.done <- err
-		return err
-	case <-time.After(timeout):
-		t.Fatalf("Run did not return within %s", timeout)
-		return nil
-	}
-}
-
-func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (publisher.Producer, error) {
-	t.Helper()
-	kc := kafka.DefaultConfig()
-	kc.Brokers = k.Brokers
-	return func() (publisher.Producer, error) {
-		return kafka.NewProducer(kc, nil, kafka.ProducerHooks{})
-	}
-}
-
-func fakeFactory(p *fakeProducer) func() (publisher.Producer, error) {
-	return func() (publisher.Producer, error) { return p, nil }
-}
-
-func count(t *testing.T, pg *testenv.PG, where string) int {
-	t.Helper()
-	var n int
-	conn := pg.Conn(t)
-	if err := conn.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE "+where).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func waitCount(t *testing.T, pg *testenv.PG, where string, want int, timeout time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		n := count(t, pg, where)
-		if n == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("count(%s) = %d after %s, want %d", where, n, timeout, want)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func header(m *sarama.ConsumerMessage, key string) string {
-	for _, h := range m.Headers {
-		if string(h.Key) == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-func outboxID(t *testing.T, m *sarama.ConsumerMessage) int64 {
-	t.Helper()
-	id, err := strconv.ParseInt(header(m, outbox.HeaderOutboxID), 10, 64)
-	if err != nil {
-		t.Fatalf("record without an outbox-id header: %v", m.Headers)
-	}
-	return id
-}
 
 // TestPublishesWhatCDCPublishes runs CDC (the replication stream and the
 // publisher pipeline) and the poller over the same rows, each to its own
@@ -268,14 +131,6 @@ func TestPublishesWhatCDCPublishes(t *testing.T) {
 	}
 }
 
-func headers(m *sarama.ConsumerMessage) string {
-	var b strings.Builder
-	for _, h := range m.Headers {
-		fmt.Fprintf(&b, "%s=%q ", h.Key, h.Value)
-	}
-	return b.String()
-}
-
 // TestWorkersAndProcessesShareTheTable: two pollers of three workers each,
 // while four writers insert, publish every row exactly once.
 func TestWorkersAndProcessesShareTheTable(t *testing.T) {
@@ -375,96 +230,6 @@ func TestLateCommittingLowerIDIsPublishedAfterHigherID(t *testing.T) {
 	}
 }
 
-// TestFailedProduceRollsBackAndRetries: while Kafka fails, nothing is marked
-// published; after it recovers every row is, and no row is lost.
-func TestFailedProduceRollsBackAndRetries(t *testing.T) {
-	t.Parallel()
-	pg := migrated(t)
-	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', '{}' FROM generate_series(1, 120)`)
-	var mu sync.Mutex
-	failing := true
-	fp := newFakeProducer(time.Millisecond, func(r *kafka.Record) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if failing {
-			return &kafka.ProduceError{OutboxID: r.OutboxID, Topic: r.Topic, Err: errors.New("broker down")}
-		}
-		return nil
-	})
-	// A new producer per session, as after a real failure.
-	newProducer := func() (publisher.Producer, error) { return newFakeProducer(fp.delay, fp.fail), nil }
-	r := start(t, testConfig(pg), Deps{NewProducer: newProducer})
-	time.Sleep(500 * time.Millisecond)
-	if n := count(t, pg, "published_at IS NOT NULL"); n != 0 {
-		t.Fatalf("%d rows marked published while every produce failed", n)
-	}
-	if got := restarts(t, r.p.m, "kafka"); got < 2 {
-		t.Fatalf("%v restarts after failures, want ≥ 2", got)
-	}
-	mu.Lock()
-	failing = false
-	mu.Unlock()
-	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestPoisonHaltsWithoutDeadLetterTopic: a row Kafka refuses for good stops
-// the poller and stays unpublished, with the rest of its batch.
-func TestPoisonHaltsWithoutDeadLetterTopic(t *testing.T) {
-	t.Parallel()
-	pg := migrated(t)
-	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', jsonb_build_object('g', g) FROM generate_series(1, 10) g`)
-	fp := newFakeProducer(0, func(r *kafka.Record) error {
-		if r.OutboxID == 4 {
-			return &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
-		}
-		return nil
-	})
-	r := start(t, testConfig(pg), Deps{NewProducer: fakeFactory(fp)})
-	err := r.wait(t, 30*time.Second)
-	if !errors.Is(err, kafka.ErrPoison) {
-		t.Fatalf("Run returned %v, want a poison error", err)
-	}
-	if n := count(t, pg, "published_at IS NULL"); n != 10 {
-		t.Fatalf("%d rows unpublished after the poison batch rolled back, want 10", n)
-	}
-}
-
-// TestPoisonGoesToDeadLetterTopic: with a dead-letter producer the poison row
-// (one Kafka refuses, one without a topic) is diverted and marked, and the
-// poller goes on.
-func TestPoisonGoesToDeadLetterTopic(t *testing.T) {
-	t.Parallel()
-	pg := migrated(t)
-	pg.Exec(t, `ALTER TABLE outbox ALTER COLUMN topic DROP NOT NULL`)
-	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', CASE WHEN g = 7 THEN NULL ELSE 't' END, '{}' FROM generate_series(1, 10) g`)
-	fp := newFakeProducer(0, func(r *kafka.Record) error {
-		if r.OutboxID == 4 {
-			return &kafka.PoisonError{OutboxID: r.OutboxID, Topic: r.Topic, Err: sarama.ErrMessageSizeTooLarge}
-		}
-		return nil
-	})
-	dlq := &fakeDLQ{}
-	cfg := testConfig(pg)
-	cfg.DeadLetterTopic = "dlq"
-	r := start(t, cfg, Deps{NewProducer: fakeFactory(fp),
-		NewDeadLetterer: func() (outbox.DeadLetterer, error) { return dlq, nil }})
-	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-	got := dlq.ids()
-	slices.Sort(got)
-	if !slices.Equal(got, []int64{4, 7}) {
-		t.Fatalf("dead-lettered %v, want [4 7]", got)
-	}
-	if sent := fp.ids(); slices.Contains(sent, 7) || len(sent) != 9 {
-		t.Fatalf("sent %v to Kafka, want the 9 rows with a topic", sent)
-	}
-}
-
 // TestShutdownFinishesTheBatchInFlight: cancelling Run waits for the acks of
 // the batch in flight and marks it; after the shutdown timeout it rolls back.
 func TestShutdownFinishesTheBatchInFlight(t *testing.T) {
@@ -499,116 +264,5 @@ func TestShutdownFinishesTheBatchInFlight(t *testing.T) {
 				t.Fatalf("%d rows marked published, want %d", n, tc.wantPublished)
 			}
 		})
-	}
-}
-
-// TestSchemaErrorsHalt: a table the poller cannot use stops it at once with
-// a message that says what to do.
-func TestSchemaErrorsHalt(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name, setup, want string
-	}{
-		{"no table", `SELECT 1`, `outbox table public.outbox does not exist: run "outboxd migrate --source=poll" or create it`},
-		{"not migrated", `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text, topic text, payload jsonb)`,
-			`outbox table public.outbox has no column "published_at": run "outboxd migrate --source=poll" (poll.Migrate adds it)`},
-		{"no topic", `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text, payload jsonb, published_at timestamptz)`,
-			`outbox table public.outbox has no column "topic": add it (see migrations/001_outbox.sql) or configure a default topic`},
-		{"text id", `CREATE TABLE outbox (id text PRIMARY KEY, aggregate_id text, topic text, payload jsonb, published_at timestamptz)`,
-			`column "id" has type text, want an integer`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			pg := testenv.Postgres(t)
-			pg.Exec(t, tc.setup)
-			r := start(t, testConfig(pg), Deps{NewProducer: fakeFactory(newFakeProducer(0, nil))})
-			err := r.wait(t, 30*time.Second)
-			if !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Run returned %v, want ErrSchema saying %q", err, tc.want)
-			}
-		})
-	}
-}
-
-// TestNullPayloadHalts: a row CDC could not publish either stops the poller.
-func TestNullPayloadHalts(t *testing.T) {
-	t.Parallel()
-	pg := testenv.Postgres(t)
-	pg.Exec(t, `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text, topic text, payload jsonb, published_at timestamptz)`)
-	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', 't', NULL)`)
-	r := start(t, testConfig(pg), Deps{NewProducer: fakeFactory(newFakeProducer(0, nil))})
-	err := r.wait(t, 30*time.Second)
-	if !errors.Is(err, ErrBadRow) || !strings.Contains(err.Error(), `outbox row id=1: column "payload" is NULL`) {
-		t.Fatalf("Run returned %v, want ErrBadRow for the NULL payload", err)
-	}
-}
-
-func restarts(t *testing.T, m *Metrics, cause string) float64 {
-	t.Helper()
-	var d dto.Metric
-	if err := m.Restarts.WithLabelValues(cause).Write(&d); err != nil {
-		t.Fatal(err)
-	}
-	return d.GetCounter().GetValue()
-}
-
-func TestConfigValidate(t *testing.T) {
-	c := DefaultConfig()
-	c.ConnString = "postgres://x"
-	if err := c.Validate(); err != nil {
-		t.Fatalf("defaults with a DSN: %v", err)
-	}
-	bad := Config{Interval: -1, BatchSize: 0, Workers: 100, RestartBackoffMin: 2, RestartBackoffMax: 1, Mapping: outbox.Mapping{DefaultTopic: "x"}, DeadLetterTopic: "x"}
-	err := bad.Validate()
-	for _, want := range []string{"no PostgreSQL connection string", "outbox table must be named", "poll interval must be > 0",
-		"poll batch size must be in 1..100000", "poll workers must be in 1..64", "shutdown timeout must be > 0",
-		"restart backoff must satisfy", "dead-letter topic must differ"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Validate() = %v, want it to say %q", err, want)
-		}
-	}
-}
-
-// failingHook fails its first fails calls, then records what it saw.
-type failingHook struct {
-	mu    sync.Mutex
-	fails int
-	seen  map[int64]int
-}
-
-func (h *failingHook) AfterPublish(_ context.Context, r *kafka.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.fails > 0 {
-		h.fails--
-		return fmt.Errorf("%w: test", outbox.ErrHook)
-	}
-	h.seen[r.OutboxID]++
-	return nil
-}
-
-// TestHookRunsBeforeRowsAreMarked: the post-publish hook runs for every
-// acknowledged row before its batch is marked; a failing hook rolls the batch
-// back and the rows are published (and hooked) again.
-func TestHookRunsBeforeRowsAreMarked(t *testing.T) {
-	t.Parallel()
-	pg := migrated(t)
-	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', '{}' FROM generate_series(1, 30)`)
-	h := &failingHook{fails: 3, seen: map[int64]int{}}
-	cfg := testConfig(pg)
-	cfg.BatchSize = 10
-	r := start(t, cfg, Deps{NewProducer: func() (publisher.Producer, error) { return newFakeProducer(0, nil), nil },
-		NewHook: func(context.Context) (outbox.Hook, error) { return h, nil }})
-	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
-	if err := r.stop(t); err != nil {
-		t.Fatal(err)
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if len(h.seen) != 30 {
-		t.Fatalf("hook saw %d rows, want 30", len(h.seen))
-	}
-	if got := restarts(t, r.p.m, "hook"); got != 3 {
-		t.Fatalf("%v restarts for the hook, want 3", got)
 	}
 }

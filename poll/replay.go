@@ -48,7 +48,7 @@ func Replay(ctx context.Context, conn *pgx.Conn, cfg Config, rng Range, batch in
 	args := []any{rng.FromID, rng.ToID}
 	if !rng.Since.IsZero() {
 		if !tbl.hasCreated {
-			return 0, halt(ErrSchema, "outbox table %s has no created_at column: replay by --from-id instead of --since", tbl.plain)
+			return 0, haltf(ErrSchema, "outbox table %s has no created_at column: replay by --from-id instead of --since", tbl.plain)
 		}
 		where = " WHERE id >= $1 AND ($2::int8 = 0 OR id <= $2) AND created_at >= $3"
 		args = append(args, rng.Since)

@@ -68,7 +68,7 @@ func Migrate(ctx context.Context, conn *pgx.Conn, schema, table string) (created
 		return nil, fmt.Errorf("poll: migrate %s: read the catalog: %w", plain, err)
 	}
 	if !exists {
-		return nil, halt(ErrSchema, "outbox table %s does not exist: create it first (\"outboxd migrate\" creates public.outbox)", plain)
+		return nil, haltf(ErrSchema, "outbox table %s does not exist: create it first (\"outboxd migrate\" creates public.outbox)", plain)
 	}
 	if !hasColumn {
 		if _, err = tx.Exec(ctx, `ALTER TABLE `+qualified+` ADD COLUMN published_at timestamptz`); err != nil {

@@ -251,20 +251,20 @@ func scanEvents(rows pgx.Rows, tbl *table, events []outbox.Event) ([]outbox.Even
 	for rows.Next() {
 		payload = nil
 		if err := rows.Scan(&id, &agg, &payload, &topic, &created, &eventType); err != nil {
-			return events, halt(ErrBadRow, "outbox table %s: read a row: %v", tbl.plain, err)
+			return events, haltf(ErrBadRow, "outbox table %s: read a row: %v", tbl.plain, err)
 		}
 		if !agg.Valid || payload == nil {
 			col := "aggregate_id"
 			if agg.Valid {
 				col = "payload"
 			}
-			return events, halt(ErrBadRow, "outbox row id=%d: column %q is NULL", id, col)
+			return events, haltf(ErrBadRow, "outbox row id=%d: column %q is NULL", id, col)
 		}
 		ev := outbox.Event{ID: id, AggregateID: agg.String, Payload: payload,
 			Topic: topic.String, EventType: eventType.String}
 		if created.Valid {
 			if created.InfinityModifier != pgtype.Finite {
-				return events, halt(ErrBadRow, "outbox row id=%d: column \"created_at\" is infinite", id)
+				return events, haltf(ErrBadRow, "outbox row id=%d: column \"created_at\" is infinite", id)
 			}
 			ev.CreatedAt = created.Time
 		}

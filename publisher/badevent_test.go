@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -35,7 +35,7 @@ func TestPipelineBadEventHaltsNamingTheSkip(t *testing.T) {
 	if got := h.p.Confirmed(); got != 1000 {
 		t.Fatalf("confirmed %s past a bad event", got)
 	}
-	if !outbox.Halts(err) {
+	if !halt.Is(err) {
 		t.Fatal("a bad event without a dead-letter topic must halt, not restart")
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
 )
 
@@ -121,7 +122,7 @@ func ParseCheckpoint(b []byte) (*Checkpoint, error) {
 
 // ErrGap means outboxd cannot prove that nothing was lost between where it
 // was (its checkpoint) and where the slot is: it refuses to stream.
-var ErrGap = &haltError{"gap between the checkpoint and the slot"}
+var ErrGap = halt.New("gap between the checkpoint and the slot")
 
 // checkGap compares the checkpoint with the slot. A missing checkpoint is a
 // first start (or checkpoints were off): nothing to compare.

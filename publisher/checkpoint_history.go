@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -15,7 +16,7 @@ import (
 // promotion of a standby that had not received everything): outboxd refuses
 // to stream rather than skip what the checkpoint says is in Kafka. A
 // *RewindError wraps it.
-var ErrRewind = &haltError{"the database went back in time"}
+var ErrRewind = halt.New("the database went back in time")
 
 // ResetCommand is what an operator runs after a rewind.
 const ResetCommand = "outboxd checkpoint reset --to-current-history"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -50,8 +50,8 @@ func TestCheckHistory(t *testing.T) {
 			t.Errorf("%s: %v, want a skip allowed", c.name, err)
 		case c.want != "" && !errors.As(err, &rw):
 			t.Errorf("%s: %v, want a *RewindError", c.name, err)
-		case c.want != "" && (rw.Kind != c.want || !errors.Is(err, ErrRewind) || !outbox.Halts(err)):
-			t.Errorf("%s: kind %q (fatal %v), want %q", c.name, rw.Kind, outbox.Halts(err), c.want)
+		case c.want != "" && (rw.Kind != c.want || !errors.Is(err, ErrRewind) || !halt.Is(err)):
+			t.Errorf("%s: kind %q (fatal %v), want %q", c.name, rw.Kind, halt.Is(err), c.want)
 		case c.want != "":
 			msg := err.Error()
 			for _, s := range []string{ResetCommand, "2500", "nothing written since has been published", "committed 2026-12-02T01:00:00Z"} {

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
-	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -106,7 +106,7 @@ func TestPipelineEncoderFailureRestarts(t *testing.T) {
 	h.in <- begin()
 	h.in <- event(1, "a", "t")
 	err := h.result()
-	if err == nil || outbox.Halts(err) || errors.Is(err, replication.ErrBadValue) || !errors.Is(err, errEncode) || restartCause(err) != "format" {
+	if err == nil || halt.Is(err) || errors.Is(err, replication.ErrBadValue) || !errors.Is(err, errEncode) || restartCause(err) != "format" {
 		t.Fatalf("Run() = %v, want a restartable encode error (cause format)", err)
 	}
 	if got := h.p.Confirmed(); got != 1000 {

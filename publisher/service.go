@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
@@ -177,7 +177,7 @@ func (s *Service) openSource(ctx context.Context) (Source, error) {
 		s.log.Debug("the slot is still held by our previous session's walsender; retrying", zap.Int("pid", inUse.PID))
 		return nil, fmt.Errorf("%w: %w", outbox.ErrRetrySoon, err)
 	}
-	if errors.Is(err, replication.ErrSlotInUse) || outbox.Halts(err) {
+	if errors.Is(err, replication.ErrSlotInUse) || halt.Is(err) {
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: %w", errSourceOpen, err)
@@ -187,15 +187,10 @@ func (s *Service) openSource(ctx context.Context) (Source, error) {
 // checkpoint, when checkpoints are on), dead-letterer and hook. closeDeps
 // closes the last two; on an error they are closed already.
 func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id Identity) (pl *Pipeline, closeDeps func(), err error) {
-	var closers []io.Closer
-	closeAll := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i].Close()
-		}
-	}
+	var closers outbox.Closers
 	defer func() {
 		if err != nil {
-			closeAll()
+			closers.CloseAll()
 		}
 	}()
 	var cp *checkpointing
@@ -209,18 +204,14 @@ func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id
 		if dlq, err = s.deps.NewDeadLetterer(); err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
-		if c, ok := dlq.(io.Closer); ok {
-			closers = append(closers, c)
-		}
+		closers.Add(dlq)
 	}
 	var hook outbox.Hook
 	if s.deps.NewHook != nil {
 		if hook, err = s.deps.NewHook(ctx); err != nil {
 			return nil, nil, fmt.Errorf("%w: %w", outbox.ErrHook, err)
 		}
-		if c, ok := hook.(io.Closer); ok {
-			closers = append(closers, c)
-		}
+		closers.Add(hook)
 	}
 	pl = NewPipeline(s.cfg, s.log, prod, dlq, hook, src.StartLSN(), s.m)
 	if cp != nil {
@@ -228,7 +219,7 @@ func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id
 			return nil, nil, err
 		}
 	}
-	return pl, closeAll, nil
+	return pl, closers.CloseAll, nil
 }
 
 // stream runs the stream and the pipeline until the pipeline returns, then
@@ -265,7 +256,7 @@ func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod Producer
 		return progressed, abortErr
 	case plErr != nil && !errors.Is(plErr, context.Canceled):
 		return progressed, plErr
-	case sErr != nil && outbox.Halts(sErr):
+	case sErr != nil && halt.Is(sErr):
 		return progressed, sErr
 	case sErr != nil:
 		return progressed, fmt.Errorf("%w: %w", errSource, sErr)

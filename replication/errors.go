@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -17,7 +18,7 @@ var (
 	ErrSlotMissing = slot.ErrSlotMissing
 	// ErrSlotLost means the slot was invalidated: the WAL it needed is gone,
 	// so events after its position cannot be read any more.
-	ErrSlotLost = &haltError{"replication slot lost"}
+	ErrSlotLost = halt.New("replication slot lost")
 	// ErrStreamEnded means the server ended the replication stream.
 	ErrStreamEnded = errors.New("replication stream ended")
 )
@@ -36,7 +37,7 @@ func (e *SlotInUseError) Error() string {
 func (e *SlotInUseError) Unwrap() error { return ErrSlotInUse }
 
 // HeldBy names the slot and the process holding it: the supervisor waits
-// as a standby (publisher.Held).
+// as a standby (outbox.Held).
 func (e *SlotInUseError) HeldBy() (string, int) { return e.Slot, e.PID }
 
 // Sentinel errors. Every error returned by Decode wraps exactly one of them;
@@ -50,10 +51,10 @@ var (
 	// message described.
 	ErrUnknownRelation = errors.New("replication: unknown relation")
 	// ErrMissingColumn reports an outbox table that lacks a required column.
-	ErrMissingColumn = &haltError{"replication: missing column"}
+	ErrMissingColumn = halt.New("replication: missing column")
 	// ErrBadValue reports an outbox row with a value that cannot become an
 	// Event (a NULL id, an unparsable created_at, ...).
-	ErrBadValue = &haltError{"replication: bad value"}
+	ErrBadValue = halt.New("replication: bad value")
 )
 
 // DecodeError is returned by Decode for a message it cannot interpret. It
@@ -121,18 +122,9 @@ func (e *ColumnTypeError) Unwrap() error { return ErrColumnType }
 // cannot authenticate them: the key table (migration 007) is missing or
 // unreadable for outboxd's role. Reading on would skip every real event as
 // forged, so the service stops with the fix.
-var ErrMessageKey = &haltError{"outbox_emit key unavailable"}
+var ErrMessageKey = halt.New("outbox_emit key unavailable")
 
 // ErrServerSilent means the server sent nothing, not even a keepalive when
 // asked for one, for StreamConfig.ServerTimeout: the connection is half-open
 // or the server stopped. Run returns it so that the caller restarts.
 var ErrServerSilent = errors.New("replication server silent")
-
-// haltError is a sentinel error a restart cannot fix; it says so (Halts),
-// so that the supervisor halts instead of restarting (outbox.Halts).
-type haltError struct{ msg string }
-
-func (e *haltError) Error() string { return e.msg }
-
-// Halts implements outbox.Halts.
-func (e *haltError) Halts() bool { return true }

@@ -75,13 +75,10 @@ func (d *Decoder) event(b []byte, rel *relation, spans *[numRoles]span, odd span
 	var ev Event
 	idKnown := false
 	badValue := func(s span, detail string) error {
-		row := "outbox row: "
-		if idKnown {
-			row = "outbox row id=" + ev.IDString() + ": "
-		}
-		id := ""
+		row, id := "outbox row: ", ""
 		if idKnown {
 			id = ev.IDString()
+			row = "outbox row id=" + id + ": "
 		}
 		return &DecodeError{MsgType: 'I', Offset: s.start, Err: ErrBadValue,
 			Detail: fmt.Sprintf("%scolumn %q %s", row, rel.names[s.col], detail), bad: d.badRow(b, rel, id)}

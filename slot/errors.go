@@ -1,6 +1,10 @@
 package slot
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/outboxd/outboxd/halt"
+)
 
 // Sentinel errors. Functions of this package return them wrapped in an *Error
 // whose message explains the problem and its fix; test with errors.Is.
@@ -32,7 +36,7 @@ var (
 	// no longer stream.
 	ErrSlotLost = errors.New("replication slot lost")
 	// ErrSlotMissing: the slot does not exist (and was not to be created).
-	ErrSlotMissing = &haltError{"replication slot missing"}
+	ErrSlotMissing = halt.New("replication slot missing")
 	// ErrPublicationMissing: the publication does not exist, and either it
 	// was not to be created or the slot already exists (a slot older than
 	// its publication cannot decode; see Ensure).
@@ -67,12 +71,3 @@ func (e *Error) Unwrap() error { return e.Err }
 func newError(sentinel error, msg string) *Error {
 	return &Error{Err: sentinel, Msg: msg}
 }
-
-// haltError is a sentinel error a restart cannot fix; it says so (Halts),
-// so that the supervisor halts instead of restarting (outbox.Halts).
-type haltError struct{ msg string }
-
-func (e *haltError) Error() string { return e.msg }
-
-// Halts implements outbox.Halts.
-func (e *haltError) Halts() bool { return true }

@@ -160,13 +160,38 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 		}
 	}
 
+	made, err := ensurePublication(ctx, conn, cfg, table, p, s != nil, create)
+	if err != nil {
+		return nil, err
+	}
+	if made != "" {
+		created = append(created, made)
+	}
+	if s != nil {
+		return created, nil
+	}
+	if !create {
+		return created, slotMissingError(cfg.Slot)
+	}
+	made, err = createSlot(ctx, conn, cfg, db)
+	if made != "" {
+		created = append(created, made)
+	}
+	return created, err
+}
+
+// ensurePublication checks the publication p (nil: it does not exist), or
+// creates it when that is allowed; it says what it created, if anything.
+// slotExists says whether the slot does: a publication younger than its slot
+// cannot serve it.
+func ensurePublication(ctx context.Context, conn *pgx.Conn, cfg Config, table *outboxTable, p *publication, slotExists, create bool) (created string, err error) {
 	switch {
-	case p == nil && s != nil:
-		return nil, newError(ErrPublicationMissing, fmt.Sprintf(
+	case p == nil && slotExists:
+		return "", newError(ErrPublicationMissing, fmt.Sprintf(
 			"publication %q does not exist but replication slot %q does, and pgoutput cannot decode changes made before its publication existed: drop the slot with \"outboxd slot drop\" and run \"outboxd slot create\" (outbox rows written meanwhile are not published)",
 			cfg.Publication, cfg.Slot))
 	case p == nil && !create:
-		return nil, &Error{
+		return "", &Error{
 			Err: errors.Join(ErrSlotMissing, ErrPublicationMissing),
 			Msg: fmt.Sprintf("replication slot %q and publication %q do not exist: run \"outboxd slot create\" or start without --no-create",
 				cfg.Slot, cfg.Publication),
@@ -174,40 +199,35 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 	case p == nil:
 		if err := createPublication(ctx, conn, cfg, table); err != nil {
 			if !isSQLState(err, sqlstateDuplicateObject) && !isSQLState(err, sqlstateUniqueViolation) {
-				return nil, err
+				return "", err
 			}
 			// Created concurrently: check that one.
 			if p, err = lookupPublication(ctx, conn, cfg); err != nil {
-				return nil, err
+				return "", err
 			}
 			if p == nil {
-				return nil, fmt.Errorf("slot: publication %q was reported to exist but is not in pg_publication", cfg.Publication)
+				return "", fmt.Errorf("slot: publication %q was reported to exist but is not in pg_publication", cfg.Publication)
 			}
-			if err := checkPublication(p, cfg, table); err != nil {
-				return nil, err
-			}
-		} else if cfg.Tableless {
-			created = append(created, fmt.Sprintf("publication %q without tables (table-less outbox)", cfg.Publication))
-		} else {
-			created = append(created, fmt.Sprintf("publication %q for table %s", cfg.Publication, cfg.qualifiedTable()))
+			return "", checkPublication(p, cfg, table)
 		}
+		if cfg.Tableless {
+			return fmt.Sprintf("publication %q without tables (table-less outbox)", cfg.Publication), nil
+		}
+		return fmt.Sprintf("publication %q for table %s", cfg.Publication, cfg.qualifiedTable()), nil
 	default:
-		if err := checkPublication(p, cfg, table); err != nil {
-			return nil, err
-		}
+		return "", checkPublication(p, cfg, table)
 	}
+}
 
-	if s != nil {
-		return created, nil
-	}
-	if !create {
-		return created, slotMissingError(cfg.Slot)
-	}
+// createSlot creates the replication slot (a failover slot when cfg.Failover
+// is set and the server has them) and says what it created. When another run
+// created it first, it checks that one and creates nothing.
+func createSlot(ctx context.Context, conn *pgx.Conn, cfg Config, db string) (created string, err error) {
 	failover := false
 	if cfg.Failover {
 		v, err := serverVersionNum(ctx, conn)
 		if err != nil {
-			return created, err
+			return "", err
 		}
 		failover = v >= failoverSlotsVersion
 	}
@@ -220,22 +240,23 @@ func Ensure(ctx context.Context, conn *pgx.Conn, cfg Config, create bool) (creat
 	err = conn.QueryRow(ctx, createSQL, cfg.Slot).Scan(&lsn)
 	if err != nil {
 		if !isSQLState(err, sqlstateDuplicateObject) {
-			return created, fmt.Errorf("slot: create replication slot %q: %w", cfg.Slot, err)
+			return "", fmt.Errorf("slot: create replication slot %q: %w", cfg.Slot, err)
 		}
 		// Created concurrently: check that one.
-		if s, err = lookupSlot(ctx, conn, cfg.Slot); err != nil {
-			return created, err
+		s, err := lookupSlot(ctx, conn, cfg.Slot)
+		if err != nil {
+			return "", err
 		}
 		if s == nil {
-			return created, fmt.Errorf("slot: replication slot %q was reported to exist but is not in pg_replication_slots", cfg.Slot)
+			return "", fmt.Errorf("slot: replication slot %q was reported to exist but is not in pg_replication_slots", cfg.Slot)
 		}
-		return created, checkUsable(s, db)
+		return "", checkUsable(s, db)
 	}
 	kind := "pgoutput"
 	if failover {
 		kind = "pgoutput, failover"
 	}
-	return append(created, fmt.Sprintf("replication slot %q (%s) at LSN %s", cfg.Slot, kind, lsn)), nil
+	return fmt.Sprintf("replication slot %q (%s) at LSN %s", cfg.Slot, kind, lsn), nil
 }
 
 func createPublication(ctx context.Context, conn *pgx.Conn, cfg Config, table *outboxTable) error {

@@ -31,9 +31,6 @@ func (o *kafkaTopicOpts) apply(k *kafka.Config, pub publisher.Config) error {
 	k.UnknownTopicTimeout = o.unknownTopicTimeout
 	k.MetadataRefresh = o.metadataRefresh
 	k.CheckpointReadTimeout = o.checkpointRead
-	if o.checkpointRead <= 0 {
-		return fmt.Errorf("--checkpoint-read-timeout must be > 0, got %s", o.checkpointRead)
-	}
 	if pub.Delivery != publisher.ExactlyOnce {
 		return nil
 	}

@@ -84,36 +84,9 @@ func cmdReplay(ctx context.Context, args []string) error {
 	}
 	pcfg := poll.DefaultConfig()
 	pcfg.Schema, pcfg.Table, pcfg.Mapping = o.slot.Schema, o.slot.Table, o.pub.Mapping
+	rp := &replayer{prod: prod, enc: enc, origin: origin, mapping: &o.pub.Mapping, log: logger}
 	n, err := poll.Replay(ctx, conn, pcfg, rng, *batch, func(events []replication.Event) error {
-		for i := range events {
-			r := outbox.NewRecord(&events[i], &o.pub.Mapping, time.Now())
-			if enc != nil {
-				// The formats run publishes in; a payload that does not fit
-				// stops the replay, naming it.
-				if err := enc.Encode(ctx, r); err != nil {
-					return fmt.Errorf("replay: outbox id %d: %w", r.OutboxID, err)
-				}
-			}
-			if origin != nil {
-				r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: origin})
-			}
-			if err := prod.Send(ctx, r); err != nil {
-				return err
-			}
-		}
-		for range events {
-			select {
-			case r := <-prod.Results():
-				if r.Err != nil {
-					return fmt.Errorf("replay: outbox id %d: %w", r.OutboxID, r.Err)
-				}
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		logger.Info("replayed", zap.Int("rows", len(events)),
-			zap.Int64("from_id", events[0].ID), zap.Int64("to_id", events[len(events)-1].ID))
-		return nil
+		return rp.publish(ctx, events)
 	})
 	if err != nil {
 		return fmt.Errorf("replay stopped after %d rows: %w", n, err)
@@ -124,6 +97,49 @@ func cmdReplay(ctx context.Context, args []string) error {
 	}
 	o.pub.AcceptGap = true
 	return runCDC(ctx, &o, slotCreated)
+}
+
+// replayer publishes replayed rows as run would: encoded in run's formats,
+// with run's origin header, waiting for Kafka to acknowledge each round.
+type replayer struct {
+	prod    *kafka.Producer
+	enc     publisher.Encoder // nil: payloads as they are
+	origin  []byte            // nil: no origin header
+	mapping *outbox.Mapping
+	log     *zap.Logger
+}
+
+// publish sends one round of rows and waits for all their acknowledgements.
+func (p *replayer) publish(ctx context.Context, events []replication.Event) error {
+	for i := range events {
+		r := outbox.NewRecord(&events[i], p.mapping, time.Now())
+		if p.enc != nil {
+			// The formats run publishes in; a payload that does not fit
+			// stops the replay, naming it.
+			if err := p.enc.Encode(ctx, r); err != nil {
+				return fmt.Errorf("replay: outbox id %d: %w", r.OutboxID, err)
+			}
+		}
+		if p.origin != nil {
+			r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: p.origin})
+		}
+		if err := p.prod.Send(ctx, r); err != nil {
+			return err
+		}
+	}
+	for range events {
+		select {
+		case r := <-p.prod.Results():
+			if r.Err != nil {
+				return fmt.Errorf("replay: outbox id %d: %w", r.OutboxID, r.Err)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	p.log.Info("replayed", zap.Int("rows", len(events)),
+		zap.Int64("from_id", events[0].ID), zap.Int64("to_id", events[len(events)-1].ID))
+	return nil
 }
 
 // replayOrigin is the origin header outboxd run sends on this server's

@@ -48,54 +48,11 @@ func addShapeFlags(fs *flag.FlagSet, s *shapeOptions) {
 // configuration, the record mapping and the columns preflight checks.
 func (o *options) shape() error {
 	s := &o.shapeOpts
-	var (
-		cols replication.Columns
-		tmpl string
-		m    = outbox.DefaultMapping()
-	)
-	switch s.format {
-	case formatOutboxd, "":
-		cols = replication.DefaultColumns()
-	case formatDebezium:
-		cols = replication.Columns{ID: "id", AggregateID: "aggregateid", Payload: "payload",
-			Topic: "-", CreatedAt: "-", EventType: "-", Headers: "-"}
-		tmpl = "outbox.event.{aggregatetype}"
-		m.IDHeader, m.KeyHeader = "id", "-"
-		m.KeyEncoding, m.ValueEncoding = outbox.JSONString, outbox.JSONString
-	default:
-		return fmt.Errorf("--format %q: use %s or %s", s.format, formatOutboxd, formatDebezium)
+	cols, tmpl, m, err := s.resolve()
+	if err != nil {
+		return err
 	}
-	set := func(dst *string, v string) {
-		if v != "" {
-			*dst = v
-		}
-	}
-	set(&cols.ID, s.idColumn)
-	set(&cols.AggregateID, s.keyColumn)
-	set(&cols.Payload, s.payloadColumn)
-	set(&cols.Topic, s.topicColumn)
-	set(&cols.CreatedAt, s.timestampColumn)
-	set(&cols.EventType, s.eventTypeColumn)
-	set(&cols.Headers, s.headersColumn)
-	set(&tmpl, s.topicTemplate)
-	set(&m.IDHeader, s.idHeader)
-	set(&m.KeyHeader, s.keyHeader)
-	if s.keyEncoding != "" {
-		m.KeyEncoding = outbox.Encoding(s.keyEncoding)
-	}
-	if s.valueEncoding != "" {
-		m.ValueEncoding = outbox.Encoding(s.valueEncoding)
-	}
-	var errs []error
-	var hcs []replication.HeaderColumn
-	for _, hc := range s.headerColumns {
-		col, hdr, ok := strings.Cut(hc, "=")
-		if !ok || col == "" || hdr == "" {
-			errs = append(errs, fmt.Errorf("--header-column %q: write COLUMN=HEADER, e.g. type=eventType", hc))
-			continue
-		}
-		hcs = append(hcs, replication.HeaderColumn{Column: col, Header: hdr})
-	}
+	hcs, errs := s.parseHeaderColumns()
 	// Under CDC, outbox_emit messages are events as well as the table's
 	// rows when outbox_emit's key is installed (pgoutput sends them from
 	// PostgreSQL 14 on); --source=messages reads only them, with no table,
@@ -126,4 +83,60 @@ func (o *options) shape() error {
 	o.decoder, o.pub.Mapping = dec, m
 	o.slot.Columns = dec.TableColumns(o.pub.DefaultTopic != "")
 	return nil
+}
+
+// resolve is what --format says for the columns, the topic template and the
+// mapping, with each override flag that is set in its place.
+func (s *shapeOptions) resolve() (cols replication.Columns, tmpl string, m outbox.Mapping, err error) {
+	m = outbox.DefaultMapping()
+	switch s.format {
+	case formatOutboxd, "":
+		cols = replication.DefaultColumns()
+	case formatDebezium:
+		cols = replication.Columns{ID: "id", AggregateID: "aggregateid", Payload: "payload",
+			Topic: "-", CreatedAt: "-", EventType: "-", Headers: "-"}
+		tmpl = "outbox.event.{aggregatetype}"
+		m.IDHeader, m.KeyHeader = "id", "-"
+		m.KeyEncoding, m.ValueEncoding = outbox.JSONString, outbox.JSONString
+	default:
+		return cols, tmpl, m, fmt.Errorf("--format %q: use %s or %s", s.format, formatOutboxd, formatDebezium)
+	}
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&cols.ID, s.idColumn)
+	set(&cols.AggregateID, s.keyColumn)
+	set(&cols.Payload, s.payloadColumn)
+	set(&cols.Topic, s.topicColumn)
+	set(&cols.CreatedAt, s.timestampColumn)
+	set(&cols.EventType, s.eventTypeColumn)
+	set(&cols.Headers, s.headersColumn)
+	set(&tmpl, s.topicTemplate)
+	set(&m.IDHeader, s.idHeader)
+	set(&m.KeyHeader, s.keyHeader)
+	if s.keyEncoding != "" {
+		m.KeyEncoding = outbox.Encoding(s.keyEncoding)
+	}
+	if s.valueEncoding != "" {
+		m.ValueEncoding = outbox.Encoding(s.valueEncoding)
+	}
+	return cols, tmpl, m, nil
+}
+
+// parseHeaderColumns reads the --header-column flags (COLUMN=HEADER), with
+// an error for each one written otherwise.
+func (s *shapeOptions) parseHeaderColumns() ([]replication.HeaderColumn, []error) {
+	var errs []error
+	var hcs []replication.HeaderColumn
+	for _, hc := range s.headerColumns {
+		col, hdr, ok := strings.Cut(hc, "=")
+		if !ok || col == "" || hdr == "" {
+			errs = append(errs, fmt.Errorf("--header-column %q: write COLUMN=HEADER, e.g. type=eventType", hc))
+			continue
+		}
+		hcs = append(hcs, replication.HeaderColumn{Column: col, Header: hdr})
+	}
+	return hcs, errs
 }

@@ -217,33 +217,7 @@ const queued = 256
 func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 	q := make(chan chunk, queued)
 	done := make(chan struct{})
-	go func() {
-		defer close(q)
-		var last time.Time
-		for {
-			b := make([]byte, 32<<10)
-			n, err := src.Read(b)
-			if n > 0 {
-				f, _ := p.state()
-				due := time.Now()
-				if d := f.Delay + jitter(f.Jitter); d > 0 {
-					due = due.Add(d)
-				}
-				if due.Before(last) {
-					due = last
-				}
-				last = due
-				select {
-				case q <- chunk{b[:n], due}:
-				case <-done:
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
+	go p.read(src, q, done)
 	defer close(done)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -299,6 +273,36 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 		_ = t.CloseWrite()
 	} else {
 		l.close()
+	}
+}
+
+// read reads src into q, each chunk due when the faults of the moment say
+// (never before the one before it), until src ends or done is closed.
+func (p *Proxy) read(src net.Conn, q chan<- chunk, done <-chan struct{}) {
+	defer close(q)
+	var last time.Time
+	for {
+		b := make([]byte, 32<<10)
+		n, err := src.Read(b)
+		if n > 0 {
+			f, _ := p.state()
+			due := time.Now()
+			if d := f.Delay + jitter(f.Jitter); d > 0 {
+				due = due.Add(d)
+			}
+			if due.Before(last) {
+				due = last
+			}
+			last = due
+			select {
+			case q <- chunk{b[:n], due}:
+			case <-done:
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
 	}
 }
 
