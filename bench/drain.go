@@ -286,7 +286,7 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 			r.logf("  drain %s: %s", s.Name, res.Err)
 			return res
 		}
-		if p, err := publisherBackends(ctx, conn, db.Name); err == nil && len(p) > 0 {
+		if p, err := publisherBackends(ctx, conn, db.Database); err == nil && len(p) > 0 {
 			pids = p
 			pgCPU = backendsCPU(pids) // the backends live as long as the publisher
 		}

@@ -74,7 +74,7 @@ func benchMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := stackFromEnv(root)
+	st, err := stackFromEnv()
 	if err != nil {
 		return err
 	}

@@ -183,7 +183,7 @@ func (r *runner) readerCell(ctx context.Context, l load) (res latencyResult) {
 		return fail(fmt.Errorf("warm-up: reader did not read every row in 60s: %s", child.Tail(5)))
 	}
 	res.StartupSeconds = time.Since(started).Seconds()
-	pids, err := publisherBackends(ctx, conn, db.Name)
+	pids, err := publisherBackends(ctx, conn, db.Database)
 	if err != nil {
 		return fail(err)
 	}
