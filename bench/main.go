@@ -4,7 +4,10 @@
 // PostgreSQL, and how fast each drains a backlog, next to the ceiling of the
 // replication reader with no Kafka. See bench/README.md.
 //
-//	go run ./bench [-quick] [-out bench/results] [-outboxd bin/outboxd]
+//	bin/bench [-quick] [-out bench/results] [-outboxd bin/outboxd]
+//
+// bench/ is a module of its own: make bench builds bin/bench from this
+// folder (go build -C bench), and runs it from the repo root.
 //
 // It needs the dev stack (dev/stack up, or OUTBOXD_PG_DSN and
 // OUTBOXD_KAFKA_BROKERS) and writes results.json, results.md and bench.png to
