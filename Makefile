@@ -135,7 +135,7 @@ demo: deps examples
 ## ---- The benchmark (bench/README.md): outboxd against Debezium and polling on the dev stack.
 ## Both start the stack if .devstack.env is missing, and then stop it again.
 ## bench/ is a Go module of its own: bin/bench is built from its folder.
-.PHONY: bench bench-quick bench-sustained
+.PHONY: bench bench-quick bench-sustained bench-chart
 BENCH := bin/bench
 BUILD_BENCH := $(GO) build -C bench -o $(CURDIR)/$(BENCH) .
 
@@ -206,3 +206,11 @@ bench-quick: deps
 	set -a; source ./.devstack.env; set +a; \
 	CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -C bench -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./...
 
+## bench-chart: draw a chart again from a report's JSON, without running the
+## benchmark: CHART=bench/results/results.json (the default) redraws
+## bench.png beside it, CHART=bench/results/network.json network.png
+## (bin/bench -rewrite FILE writes the .md again too).
+CHART ?= bench/results/results.json
+bench-chart:
+	$(BUILD_BENCH)
+	$(BENCH) -chart $(CHART)

@@ -16,7 +16,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -58,20 +57,13 @@ func benchMain(args []string) error {
 	proxyAPI := fs.String("proxy-api", "", "with -network: the proxy's HTTP API (dev/stack proxy-start's DIR/api)")
 	proxyBrokers := fs.String("proxy-brokers", "", "with -network: the broker address behind the proxy, which the publishers bootstrap from")
 	rtts := fs.String("rtts", "", "with -network: comma-separated round trips instead of the plan's, e.g. 0,1ms,5ms")
-	rewrite := fs.String("rewrite", "", "instead of measuring: read this network.json and write its network.md and network.png again (same data)")
+	chart := fs.String("chart", "", "instead of measuring: read this results.json (or network.json) and draw its bench.png (network.png) again")
+	rewrite := fs.String("rewrite", "", "instead of measuring: read this results.json (or network.json) and write its .md and .png again (same data)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *rewrite != "" {
-		b, err := os.ReadFile(*rewrite)
-		if err != nil {
-			return err
-		}
-		var nr networkReport
-		if err := json.Unmarshal(b, &nr); err != nil {
-			return fmt.Errorf("%s: %w", *rewrite, err)
-		}
-		return nr.write(filepath.Dir(*rewrite))
+	if *chart != "" || *rewrite != "" {
+		return redraw(*chart+*rewrite, *rewrite != "")
 	}
 	root, err := repoRoot()
 	if err != nil {
