@@ -64,13 +64,9 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		return err
 	}
 	logf("preloaded %d rows in %.1fs (load %.2f)", p.DrainRows, time.Since(t0).Seconds(), loadAvg())
-	stream := func(slotName string) replication.StreamConfig {
-		return replication.StreamConfig{ConnString: db.DSN, Slot: slotName, Publication: pub, StatusInterval: time.Second,
-			Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}
-	}
+	stream := func(slotName string) replication.StreamConfig { return profileStream(db.DSN, slotName, pub) }
 	kcfg := kafka.DefaultConfig()
 	kcfg.Brokers = st.Brokers
-	newProducer := func() (publisher.Producer, error) { return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{}) }
 
 	// profiled runs start under the profiler and returns once done says so.
 	profiled := func(name string, start func(ctx context.Context) <-chan error, done func() bool) error {
@@ -132,7 +128,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 			prog := &confirmAsRead{done: make(chan struct{})}
 			out := make(chan replication.Message, 1024)
 			res := make(chan error, 1)
-			go func() { res <- s.Run(ctx, out, prog) }()
+			go func() { res <- s.RunGated(ctx, out, prog, nil) }()
 			for m := range out {
 				switch m.Kind {
 				case replication.KindEvent:
@@ -160,12 +156,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	pcfg.ShutdownTimeout = 10 * time.Second
 	err = profiled("cdc", func(ctx context.Context) <-chan error {
 		errc := make(chan error, 1)
-		svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
-			OpenSource: func(ctx context.Context) (publisher.Source, error) {
-				return replication.Open(ctx, stream(slots["cdc"]), zap.NewNop())
-			},
-			NewProducer: func(publisher.Identity) (publisher.Producer, error) { return newProducer() },
-		})
+		svc := publisher.NewKafkaService(pcfg, publisher.Wiring{Stream: stream(slots["cdc"]), Kafka: kcfg}, zap.NewNop(), nil)
 		go func() { errc <- svc.Run(ctx) }()
 		return errc
 	}, inKafka(int64(p.DrainRows)))
@@ -188,7 +179,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		errc := make(chan error, 1)
 		cfg := poll.DefaultConfig()
 		cfg.ConnString = db.DSN
-		poller, err := poll.New(cfg, zap.NewNop(), nil, poll.Deps{NewProducer: newProducer})
+		poller, err := poll.NewKafka(cfg, kcfg, nil, zap.NewNop(), nil)
 		if err != nil {
 			errc <- err
 			return errc
@@ -197,6 +188,12 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		return errc
 	}, inKafka(2*int64(p.DrainRows)))
 	return err
+}
+
+// profileStream is the replication connection of the in-process runs.
+func profileStream(dsn, slotName, publication string) replication.StreamConfig {
+	return replication.StreamConfig{ConnString: dsn, Slot: slotName, Publication: publication, StatusInterval: time.Second,
+		Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}
 }
 
 // top writes go tool pprof's top 25, flat and cumulative, next to a profile.
@@ -244,15 +241,7 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 	kcfg.Brokers = st.Brokers
 	pcfg := publisher.DefaultConfig()
 	pcfg.ShutdownTimeout = 10 * time.Second
-	svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
-		OpenSource: func(ctx context.Context) (publisher.Source, error) {
-			return replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
-				StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
-		},
-		NewProducer: func(publisher.Identity) (publisher.Producer, error) {
-			return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{})
-		},
-	})
+	svc := publisher.NewKafkaService(pcfg, publisher.Wiring{Stream: profileStream(db.DSN, sc.Slot, sc.Publication), Kafka: kcfg}, zap.NewNop(), nil)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
@@ -305,8 +294,7 @@ func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, 
 	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
 		return err
 	}
-	s, err := replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
-		StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
+	s, err := replication.Open(ctx, profileStream(db.DSN, sc.Slot, sc.Publication), zap.NewNop())
 	if err != nil {
 		return err
 	}
@@ -316,7 +304,7 @@ func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(rctx, out, prog) }()
+	go func() { runErr <- s.RunGated(rctx, out, prog, nil) }()
 	bySec := map[int][]float64{}
 	read := make(chan struct{})
 	began := time.Now()
