@@ -100,17 +100,17 @@ func (r *running) wait(t *testing.T, timeout time.Duration) error {
 	}
 }
 
-func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (publisher.Producer, error) {
+func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (outbox.Producer, error) {
 	t.Helper()
 	kc := kafka.DefaultConfig()
 	kc.Brokers = k.Brokers
-	return func() (publisher.Producer, error) {
+	return func() (outbox.Producer, error) {
 		return kafka.NewProducer(kc, nil, kafka.ProducerHooks{})
 	}
 }
 
-func fakeFactory(p *fakeProducer) func() (publisher.Producer, error) {
-	return func() (publisher.Producer, error) { return p, nil }
+func fakeFactory(p *fakeProducer) func() (outbox.Producer, error) {
+	return func() (outbox.Producer, error) { return p, nil }
 }
 
 func count(t *testing.T, pg *testenv.PG, where string) int {
@@ -185,7 +185,7 @@ func TestPublishesWhatCDCPublishes(t *testing.T) {
 				Decoder:        replication.DecoderConfig{Columns: replication.DefaultColumns()},
 			}, zap.NewNop())
 		},
-		NewProducer: func(publisher.Identity) (publisher.Producer, error) { return kafkaProducer(t, k)() },
+		NewProducer: func(publisher.Identity) (outbox.Producer, error) { return kafkaProducer(t, k)() },
 	})
 	cdcCtx, stopCDC := context.WithCancel(ctx)
 	cdcDone := make(chan error, 1)
@@ -392,7 +392,7 @@ func TestFailedProduceRollsBackAndRetries(t *testing.T) {
 		return nil
 	})
 	// A new producer per session, as after a real failure.
-	newProducer := func() (publisher.Producer, error) { return newFakeProducer(fp.delay, fp.fail), nil }
+	newProducer := func() (outbox.Producer, error) { return newFakeProducer(fp.delay, fp.fail), nil }
 	r := start(t, testConfig(pg), Deps{NewProducer: newProducer})
 	time.Sleep(500 * time.Millisecond)
 	if n := count(t, pg, "published_at IS NOT NULL"); n != 0 {
@@ -597,7 +597,7 @@ func TestHookRunsBeforeRowsAreMarked(t *testing.T) {
 	h := &failingHook{fails: 3, seen: map[int64]int{}}
 	cfg := testConfig(pg)
 	cfg.BatchSize = 10
-	r := start(t, cfg, Deps{NewProducer: func() (publisher.Producer, error) { return newFakeProducer(0, nil), nil },
+	r := start(t, cfg, Deps{NewProducer: func() (outbox.Producer, error) { return newFakeProducer(0, nil), nil },
 		NewHook: func(context.Context) (outbox.Hook, error) { return h, nil }})
 	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
 	if err := r.stop(t); err != nil {
