@@ -132,6 +132,18 @@ func kafkaConfig() *sarama.Config {
 	return c
 }
 
+// producerConfig is a producer with outboxd's settings: idempotent,
+// acks=all, one request in flight, every record reported back.
+func producerConfig() *sarama.Config {
+	c := kafkaConfig()
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Return.Successes = true
+	c.Producer.Idempotent = true
+	c.Net.MaxOpenRequests = 1
+	c.Producer.Flush.Frequency = 0
+	return c
+}
+
 // createTopic creates a topic and waits until every partition has a leader.
 func createTopic(s stack, prefix string, partitions int32) (string, error) {
 	return s.kafka().CreateTopic(prefix, partitions)

@@ -223,7 +223,7 @@ func buildOutboxd(root, dir string) (string, error) {
 
 // run measures every latency cell, then the drains.
 func run(ctx context.Context, r runner) (*report, error) {
-	rep := &report{Plan: r.plan, Machine: machineInfo(ctx, r.stack), Started: time.Now().UTC()}
+	rep := &report{runInfo: newRunInfo(ctx, r.plan, r.stack)}
 	findPostmaster(ctx, r.stack)
 	r.logf("bench %s: %d sources × %d loads × %s × %d rounds, then a %d-row backlog; %s",
 		r.plan.Name, len(r.plan.Sources), len(r.plan.Loads), r.plan.Duration, max(1, r.plan.Repeats), r.plan.DrainRows, rep.Machine.summary())

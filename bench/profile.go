@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
@@ -30,21 +31,12 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	db, err := createDatabase(ctx, st, "profile")
+	sx, err := newScratch(ctx, st, "profile", p.Partitions)
 	if err != nil {
 		return err
 	}
-	defer db.drop()
-	topic, err := createTopic(st, "profile", p.Partitions)
-	if err != nil {
-		return err
-	}
-	defer deleteTopic(st, topic)
-	conn, err := db.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
+	defer sx.close()
+	db, conn, topic := sx.db, sx.conn, sx.topic
 	kc, err := sarama.NewClient(st.Brokers, kafkaConfig())
 	if err != nil {
 		return err
@@ -53,9 +45,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	slots := map[string]string{"reader": uniqueName("prof_reader"), "cdc": uniqueName("prof_cdc")}
 	pub := uniqueName("prof")
 	for _, s := range slots {
-		sc := slot.DefaultConfig()
-		sc.Slot, sc.Publication = s, pub
-		if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
+		if _, err := sx.slot(ctx, s, pub); err != nil {
 			return err
 		}
 	}
@@ -190,6 +180,53 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	return err
 }
 
+// scratch is what one profiling run writes to: a database of its own with
+// a connection to it and, unless partitions is 0, a topic; close removes
+// them.
+type scratch struct {
+	st    stack
+	db    *database
+	conn  *pgx.Conn
+	topic string
+}
+
+func newScratch(ctx context.Context, st stack, prefix string, partitions int32) (*scratch, error) {
+	db, err := createDatabase(ctx, st, prefix)
+	if err != nil {
+		return nil, err
+	}
+	sx := &scratch{st: st, db: db}
+	if partitions > 0 {
+		if sx.topic, err = createTopic(st, prefix, partitions); err != nil {
+			sx.close()
+			return nil, err
+		}
+	}
+	if sx.conn, err = db.connect(ctx); err != nil {
+		sx.close()
+		return nil, err
+	}
+	return sx, nil
+}
+
+func (sx *scratch) close() {
+	if sx.conn != nil {
+		sx.conn.Close(context.Background())
+	}
+	if sx.topic != "" {
+		deleteTopic(sx.st, sx.topic)
+	}
+	_ = sx.db.drop()
+}
+
+// slot creates a replication slot and a publication in the database.
+func (sx *scratch) slot(ctx context.Context, name, publication string) (slot.Config, error) {
+	sc := slot.DefaultConfig()
+	sc.Slot, sc.Publication = name, publication
+	_, err := slot.Ensure(ctx, sx.conn, sc, true)
+	return sc, err
+}
+
 // profileStream is the replication connection of the in-process runs.
 func profileStream(dsn, slotName, publication string) replication.StreamConfig {
 	return replication.StreamConfig{ConnString: dsn, Slot: slotName, Publication: publication, StatusInterval: time.Second,
@@ -217,24 +254,14 @@ func top(dir, name string) error {
 // profileSteady profiles CDC in this process at 1,000 events/s in 10-row
 // transactions for the plan's duration: where a steady load spends CPU.
 func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(string, ...any)) error {
-	db, err := createDatabase(ctx, st, "profile")
+	sx, err := newScratch(ctx, st, "profile", p.Partitions)
 	if err != nil {
 		return err
 	}
-	defer db.drop()
-	topic, err := createTopic(st, "profile", p.Partitions)
+	defer sx.close()
+	db, topic := sx.db, sx.topic
+	sc, err := sx.slot(ctx, uniqueName("prof_steady"), uniqueName("prof"))
 	if err != nil {
-		return err
-	}
-	defer deleteTopic(st, topic)
-	conn, err := db.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	sc := slot.DefaultConfig()
-	sc.Slot, sc.Publication = uniqueName("prof_steady"), uniqueName("prof")
-	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
 		return err
 	}
 	kcfg := kafka.DefaultConfig()
@@ -279,19 +306,14 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 // and logs commit → read per second: whether PostgreSQL and the reader keep
 // up by themselves.
 func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, ...any)) error {
-	db, err := createDatabase(ctx, st, "lag")
+	sx, err := newScratch(ctx, st, "lag", 0)
 	if err != nil {
 		return err
 	}
-	defer db.drop()
-	conn, err := db.connect(ctx)
+	defer sx.close()
+	db := sx.db
+	sc, err := sx.slot(ctx, uniqueName("lag"), uniqueName("lag"))
 	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	sc := slot.DefaultConfig()
-	sc.Slot, sc.Publication = uniqueName("lag"), uniqueName("lag")
-	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
 		return err
 	}
 	s, err := replication.Open(ctx, profileStream(db.DSN, sc.Slot, sc.Publication), zap.NewNop())

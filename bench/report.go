@@ -16,13 +16,24 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// runInfo opens every report (results.json, network.json): what was run,
+// where and when.
+type runInfo struct {
+	Plan     plan      `json:"plan"`
+	Machine  machine   `json:"machine"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Warmup   warmup    `json:"warmup"`
+}
+
+// newRunInfo is a run of p starting now on r's stack.
+func newRunInfo(ctx context.Context, p plan, st stack) runInfo {
+	return runInfo{Plan: p, Machine: machineInfo(ctx, st), Started: time.Now().UTC()}
+}
+
 // report is everything one run measured.
 type report struct {
-	Plan       plan              `json:"plan"`
-	Machine    machine           `json:"machine"`
-	Started    time.Time         `json:"started"`
-	Finished   time.Time         `json:"finished"`
-	Warmup     warmup            `json:"warmup"`
+	runInfo
 	FloorStart floor             `json:"floor_start"`
 	FloorEnd   floor             `json:"floor_end"`
 	Latency    []latencyResult   `json:"latency"`
@@ -179,21 +190,27 @@ func (r *report) errors() []error {
 // write puts results.json, results.md and bench.png into dir.
 func (r *report) write(dir string) error {
 	r.evaluate()
+	return writeFiles(dir, "results", "bench.png", r, r.markdown, r)
+}
+
+// writeFiles puts a report into dir: v as name.json, markdown's text as
+// name.md and chart's chart as png.
+func writeFiles(dir, name, png string, v any, markdown func() string, chart *report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(r, "", "  ")
+	js, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	png, err := r.chart()
+	img, err := chart.chart()
 	if err != nil {
 		return fmt.Errorf("chart: %w", err)
 	}
 	return errors.Join(
-		os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644),
-		os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644),
-		os.WriteFile(filepath.Join(dir, "bench.png"), png, 0o644),
+		os.WriteFile(filepath.Join(dir, name+".json"), append(js, '\n'), 0o644),
+		os.WriteFile(filepath.Join(dir, name+".md"), []byte(markdown()), 0o644),
+		os.WriteFile(filepath.Join(dir, png), img, 0o644),
 	)
 }
 
