@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
 
@@ -130,7 +131,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 			cons.close()
 		}
 	}()
-	name := uniqueName("bench")
+	name := testenv.UniqueName("bench")
 	pub, done, metricsAddr, err := r.launch(db, name, name, s)
 	if err != nil {
 		return fail(err)

@@ -59,8 +59,6 @@ func repoRoot() (string, error) {
 	return testenv.FindRepoRoot(wd)
 }
 
-var uniqueName = testenv.UniqueName
-
 // database is one benchmark database (testenv's) with the outbox
 // migrations applied, for both sources.
 type database struct{ *testenv.PG }

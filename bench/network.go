@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // make bench-network (issue 26): the latency cells, a hot aggregate and the
@@ -277,7 +279,7 @@ func warmTransactions(st stack) error {
 	}
 	defer deleteTopic(st, topic)
 	c := producerConfig()
-	c.Producer.Transaction.ID = uniqueName("bench-warm")
+	c.Producer.Transaction.ID = testenv.UniqueName("bench-warm")
 	p, err := sarama.NewSyncProducer(st.Brokers, c)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/publisher"
@@ -42,8 +43,8 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		return err
 	}
 	defer kc.Close()
-	slots := map[string]string{"reader": uniqueName("prof_reader"), "cdc": uniqueName("prof_cdc")}
-	pub := uniqueName("prof")
+	slots := map[string]string{"reader": testenv.UniqueName("prof_reader"), "cdc": testenv.UniqueName("prof_cdc")}
+	pub := testenv.UniqueName("prof")
 	for _, s := range slots {
 		if _, err := sx.slot(ctx, s, pub); err != nil {
 			return err
@@ -260,7 +261,7 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 	}
 	defer sx.close()
 	db, topic := sx.db, sx.topic
-	sc, err := sx.slot(ctx, uniqueName("prof_steady"), uniqueName("prof"))
+	sc, err := sx.slot(ctx, testenv.UniqueName("prof_steady"), testenv.UniqueName("prof"))
 	if err != nil {
 		return err
 	}
@@ -312,7 +313,7 @@ func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, 
 	}
 	defer sx.close()
 	db := sx.db
-	sc, err := sx.slot(ctx, uniqueName("lag"), uniqueName("lag"))
+	sc, err := sx.slot(ctx, testenv.UniqueName("lag"), testenv.UniqueName("lag"))
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
@@ -137,7 +138,7 @@ func (r *runner) readerCell(ctx context.Context, l load) (res latencyResult) {
 		return fail(err)
 	}
 	defer conn.Close(context.Background())
-	name := uniqueName("reader")
+	name := testenv.UniqueName("reader")
 	sc := slot.DefaultConfig()
 	sc.Slot, sc.Publication = name, name
 	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
