@@ -18,6 +18,7 @@ build:
 deps:
 	$(STACK) deps
 	$(GO) mod download
+	$(GO) mod download -C bench
 
 ## up: start the dev stack (idempotent) and write .devstack.env
 up:
