@@ -18,6 +18,7 @@ build:
 deps:
 	$(STACK) deps
 	$(GO) mod download
+	$(GO) mod download -C bench
 
 ## up: start the dev stack (idempotent) and write .devstack.env
 up:
@@ -28,19 +29,24 @@ down:
 	$(STACK) down
 
 ## unit: every test that needs no server (-short skips the rest), in
-## seconds, without root or a stack
+## seconds, without root or a stack; bench/ is a module of its own
+## (gonum/plot stays out of outboxd's go.mod), so it is run from its folder
 unit:
 	env -u CI $(GO) test -short -count=1 ./...
+	env -u CI $(GO) test -C bench -short -count=1 ./...
 
-## lint: go vet, staticcheck (pinned, run through the module proxy),
-## shellcheck of the shell scripts, and deploy/ checked by promtool and
-## kubernetes-validate (dev/stack deploy-check)
+## lint: go vet and staticcheck (pinned, run through the module proxy) of
+## both modules (outboxd's and bench/'s), shellcheck of the shell scripts,
+## and deploy/ checked by promtool and kubernetes-validate (dev/stack
+## deploy-check)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 SHELL_SCRIPTS := dev/stack examples/demo.sh .ci/run
 lint:
 	$(STACK) lint-deps
 	$(GO) vet ./...
+	$(GO) vet -C bench ./...
 	$(GO) run $(STATICCHECK) ./...
+	cd bench && $(GO) run $(STATICCHECK) ./...
 	shellcheck $(SHELL_SCRIPTS)
 	$(STACK) deploy-check
 
@@ -54,6 +60,8 @@ test: deps lint
 	set -a; source ./.devstack.env; set +a; \
 	echo "go test -race -count=1 -timeout 25m ./..."; \
 	$(GO) test -race -count=1 -timeout 25m ./...; \
+	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick)"; \
+	$(GO) test -C bench -race -count=1 -timeout 15m ./...; \
 	$(MAKE) --no-print-directory e2e-pg17
 
 ## e2e-pg17: the core end-to-end tests again on PostgreSQL 17 (a private
@@ -127,7 +135,10 @@ demo: deps examples
 
 ## ---- The benchmark (bench/README.md): outboxd against Debezium and polling on the dev stack.
 ## Both start the stack if .devstack.env is missing, and then stop it again.
-.PHONY: bench bench-quick bench-sustained
+## bench/ is a Go module of its own: bin/bench is built from its folder.
+.PHONY: bench bench-quick bench-sustained bench-chart
+BENCH := bin/bench
+BUILD_BENCH := $(GO) build -C bench -o $(CURDIR)/$(BENCH) .
 
 ## bench: the full matrix (~25 min): bench/results/{results.md,results.json,bench.png}
 bench: deps
@@ -136,7 +147,8 @@ bench: deps
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
-	$(GO) run ./bench -outboxd bin/outboxd -out bench/results
+	$(BUILD_BENCH); \
+	$(BENCH) -outboxd bin/outboxd -out bench/results
 
 ## bench-memory: README's memory table (issue 21): peak RSS of outboxd for
 ## events of 200 B to 900 KB, Kafka up and stopped 60 s, default and 16 MiB
@@ -159,7 +171,8 @@ bench-sustained: deps
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
-	$(GO) run ./bench -outboxd bin/outboxd -only sustained -out bin/bench-sustained
+	$(BUILD_BENCH); \
+	$(BENCH) -outboxd bin/outboxd -only sustained -out bin/bench-sustained
 
 ## bench-network: issue 26's matrix (~25 min): the latency cells, a hot
 ## aggregate and the 1,000,000-row drain at RTT 0, 1 and 5 ms between the
@@ -181,14 +194,24 @@ bench-network: deps
 	$(STACK) kafka-start $$d/kafka; \
 	$(STACK) proxy-start $$d/proxy kafka=$$pp=127.0.0.1:$$(cat $$d/kafka/proxied_port); \
 	$(GO) build -o bin/outboxd ./cmd/outboxd; \
-	OUTBOXD_KAFKA_BROKERS=127.0.0.1:$$kp OUTBOXD_BENCH_KAFKA_DIR=$$d/kafka $(GO) run ./bench -outboxd bin/outboxd -network \
+	$(BUILD_BENCH); \
+	OUTBOXD_KAFKA_BROKERS=127.0.0.1:$$kp OUTBOXD_BENCH_KAFKA_DIR=$$d/kafka $(BENCH) -outboxd bin/outboxd -network \
 		-proxy-api $$(cat $$d/proxy/api) -proxy-brokers 127.0.0.1:$$pp -out bench/results $(BENCH_NETWORK_ARGS)
 
 ## bench-quick: the reduced matrix (< 3 min), the smoke test make test runs
-## (go test ./bench); its report goes to bin/bench-quick/
+## (TestQuickBenchmark in go test -C bench); its report goes to bin/bench-quick/
 bench-quick: deps
 	@set -euo pipefail; \
 	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
-	CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./bench
+	CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -C bench -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./...
+
+## bench-chart: draw a chart again from a report's JSON, without running the
+## benchmark: CHART=bench/results/results.json (the default) redraws
+## bench.png beside it, CHART=bench/results/network.json network.png
+## (bin/bench -rewrite FILE writes the .md again too).
+CHART ?= bench/results/results.json
+bench-chart:
+	$(BUILD_BENCH)
+	$(BENCH) -chart $(CHART)

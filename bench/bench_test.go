@@ -23,20 +23,7 @@ func TestQuickBenchmark(t *testing.T) {
 	pg := testenv.Postgres(t) // fails under CI=true when the stack is missing
 	k := testenv.Kafka(t)
 	st := stack{AdminDSN: pg.AdminDSN, Brokers: k.Brokers}
-	root := testenv.RepoRoot(t)
-	// Both children are built without the race detector, as make bench
-	// builds them: outboxd, and this program for the ceiling.
-	dir := t.TempDir()
-	bin, err := buildOutboxd(root, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	self := filepath.Join(dir, "bench")
-	build := exec.Command("go", "build", "-o", self, "./bench")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./bench: %v\n%s", err, out)
-	}
+	bin, self := buildChildren(t, true)
 	p := quickPlan()
 	rep, err := run(context.Background(), runner{stack: st, bin: bin, self: self, plan: p, logf: t.Logf})
 	if err != nil {
@@ -51,6 +38,26 @@ func TestQuickBenchmark(t *testing.T) {
 	}
 	t.Logf("report in %s", out)
 	checkReport(t, out, p)
+}
+
+// buildChildren builds the programs a run starts, without the race detector
+// as make bench builds them: this one (the ceiling and the reader cells)
+// and, with outboxd, outboxd.
+func buildChildren(t *testing.T, outboxd bool) (bin, self string) {
+	t.Helper()
+	dir := t.TempDir()
+	if outboxd {
+		var err error
+		if bin, err = buildOutboxd(testenv.RepoRoot(t), dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self = filepath.Join(dir, "bench")
+	// A test runs in its package's folder: bench/, this module's root.
+	if out, err := exec.Command("go", "build", "-o", self, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build bench: %v\n%s", err, out)
+	}
+	return bin, self
 }
 
 // checkReport asserts the shape and completeness of a report on disk.

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
 
@@ -130,7 +131,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 			cons.close()
 		}
 	}()
-	name := uniqueName("bench")
+	name := testenv.UniqueName("bench")
 	pub, done, metricsAddr, err := r.launch(db, name, name, s)
 	if err != nil {
 		return fail(err)
@@ -150,7 +151,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		// Under CDC (outboxd or Debezium) rows count from when the slot
 		// streams: earlier ones are not in it.
 		if s.Poll {
-			if pids, err := publisherBackends(ctx, conn, db.Name); err == nil && len(pids) > 0 {
+			if pids, err := publisherBackends(ctx, conn, db.Database); err == nil && len(pids) > 0 {
 				break
 			}
 		} else if slotActive(ctx, conn, name) {
@@ -200,7 +201,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	if err != nil {
 		return fail(err)
 	}
-	pids, err := publisherBackends(ctx, conn, db.Name)
+	pids, err := publisherBackends(ctx, conn, db.Database)
 	if err != nil {
 		return fail(err)
 	}
@@ -280,7 +281,7 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 	if !cleanExit(s, res.ExitCode) {
 		res.Err = fmt.Sprintf("publisher exited %d: %s", res.ExitCode, pub.Tail(5))
 	}
-	waitNoBackends(ctx, conn, db.Name, 10*time.Second)
+	waitNoBackends(ctx, conn, db.Database, 10*time.Second)
 	if res.PG, err = publisherStatements(ctx, conn); err != nil {
 		return fail(err)
 	}

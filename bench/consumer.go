@@ -10,7 +10,7 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // receipt is one record as the consumer got it, stamped on arrival.
@@ -65,7 +65,7 @@ func startConsumer(s stack, topic string, clk clock) (*consumer, error) {
 				now := clk.now()
 				r := receipt{id: -1, recv: now}
 				for _, h := range m.Headers {
-					if string(h.Key) == publisher.HeaderOutboxID {
+					if string(h.Key) == outbox.HeaderOutboxID {
 						r.id, _ = strconv.ParseInt(string(h.Value), 10, 64)
 					}
 				}

@@ -15,6 +15,7 @@ import (
 
 	// Aliased: this package has a type named consumer (consumer.go).
 	outboxconsumer "github.com/outboxd/outboxd/consumer"
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // consumerResult is one run of consumerThroughput.
@@ -93,7 +94,7 @@ func consumerThroughput(ctx context.Context, st stack, partitions int32, message
 	logf("consumer throughput: %d records preloaded into %s (%d partitions) in %s", messages, topic, partitions, time.Since(t0).Round(time.Millisecond))
 
 	cfg.Brokers = st.Brokers
-	cfg.GroupID = uniqueName("bench_consumer")
+	cfg.GroupID = testenv.UniqueName("bench_consumer")
 	cfg.Topics = []string{topic}
 	cfg.BatchSize = batchSize
 	cfg.BatchWait = 0

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
 
@@ -73,6 +73,13 @@ func (r *runner) launchDebezium(db *database, slotName, pubName string, s source
 		cleanup()
 		return nil, nil, err
 	}
+	// The worker's REST API, which the bench does not use but Kafka
+	// Connect always opens.
+	restPort, err := testenv.FreePort()
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
 	conn := strings.NewReplacer("@PGHOST@", u.Hostname(), "@PGPORT@", port, "@PGUSER@", u.User.Username(), "@PGPASSWORD@", pw,
 		"@PGDB@", strings.TrimPrefix(u.Path, "/"), "@SLOT@", slotName, "@PUBLICATION@", pubName,
 		"@TABLE@", "public.outbox", "@POLL_MS@", fmt.Sprint(s.PollMs)).Replace(string(tmpl))
@@ -85,7 +92,7 @@ func (r *runner) launchDebezium(db *database, slotName, pubName string, s source
 		// Debezium confirms its slot's position when the worker flushes
 		// offsets: every second here (Kafka Connect's default is 60 s).
 		"offset.flush.interval.ms=1000",
-		fmt.Sprintf("listeners=http://127.0.0.1:%d", freePort()),
+		fmt.Sprintf("listeners=http://127.0.0.1:%d", restPort),
 		"plugin.discovery=service_load",
 		"connector.client.config.override.policy=All",
 		"producer.linger.ms=0",
@@ -112,17 +119,6 @@ func (r *runner) launchDebezium(db *database, slotName, pubName string, s source
 	return p, cleanup, nil
 }
 
-// freePort is a TCP port free a moment ago (for the worker's REST API,
-// which the bench does not use but Kafka Connect always opens).
-func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // launch starts source s publishing from slot slotName through publication
 // pubName: outboxd, or Debezium's worker. done cleans up after it exited.
 //
@@ -133,7 +129,11 @@ func (r *runner) launch(db *database, slotName, pubName string, s source) (p *te
 		p, done, err = r.launchDebezium(db, slotName, pubName, s)
 		return p, done, "", err
 	}
-	metrics = fmt.Sprintf("127.0.0.1:%d", freePort())
+	port, err := testenv.FreePort()
+	if err != nil {
+		return nil, nil, "", err
+	}
+	metrics = fmt.Sprintf("127.0.0.1:%d", port)
 	args := []string{"run", "--pg-dsn", db.DSN, "--kafka-brokers", strings.Join(r.stack.pubBrokers(), ","),
 		"--slot", slotName, "--publication", pubName, "--log-level", "info", "--metrics-addr", metrics}
 	if r.pprofDir != "" {

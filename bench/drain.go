@@ -12,6 +12,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/slot"
 )
@@ -91,7 +92,7 @@ func (r *runner) drains(ctx context.Context) []drainResult {
 
 	// One slot per CDC source and two for the ceiling, all made before the
 	// preload so each holds the whole backlog.
-	pubName := uniqueName("drain")
+	pubName := testenv.UniqueName("drain")
 	var cdc, polls []source
 	slotOf := map[string]string{}
 	for _, s := range p.DrainSources {
@@ -99,10 +100,10 @@ func (r *runner) drains(ctx context.Context) []drainResult {
 			polls = append(polls, s)
 		} else {
 			cdc = append(cdc, s)
-			slotOf[s.Name] = uniqueName("drain_cdc")
+			slotOf[s.Name] = testenv.UniqueName("drain_cdc")
 		}
 	}
-	ceilingSlots := []string{uniqueName("ceiling"), uniqueName("ceiling")}
+	ceilingSlots := []string{testenv.UniqueName("ceiling"), testenv.UniqueName("ceiling")}
 	allSlots := append([]string(nil), ceilingSlots...)
 	for _, sl := range slotOf {
 		allSlots = append(allSlots, sl)
@@ -286,7 +287,7 @@ func (r *runner) drainOne(ctx context.Context, db *database, kc sarama.Client, t
 			r.logf("  drain %s: %s", s.Name, res.Err)
 			return res
 		}
-		if p, err := publisherBackends(ctx, conn, db.Name); err == nil && len(p) > 0 {
+		if p, err := publisherBackends(ctx, conn, db.Database); err == nil && len(p) > 0 {
 			pids = p
 			pgCPU = backendsCPU(pids) // the backends live as long as the publisher
 		}

@@ -59,13 +59,7 @@ func floorOf(ms []float64) floor {
 }
 
 func syncProducer(brokers []string) (sarama.SyncProducer, error) {
-	c := kafkaConfig()
-	c.Producer.RequiredAcks = sarama.WaitForAll
-	c.Producer.Return.Successes = true
-	c.Producer.Idempotent = true
-	c.Net.MaxOpenRequests = 1
-	c.Producer.Flush.Frequency = 0
-	return sarama.NewSyncProducer(brokers, c)
+	return sarama.NewSyncProducer(brokers, producerConfig())
 }
 
 // Warm-up rule: windows of warmWindow round trips, one after another; the

@@ -4,7 +4,10 @@
 // PostgreSQL, and how fast each drains a backlog, next to the ceiling of the
 // replication reader with no Kafka. See bench/README.md.
 //
-//	go run ./bench [-quick] [-out bench/results] [-outboxd bin/outboxd]
+//	bin/bench [-quick] [-out bench/results] [-outboxd bin/outboxd]
+//
+// bench/ is a module of its own: make bench builds bin/bench from this
+// folder (go build -C bench), and runs it from the repo root.
 //
 // It needs the dev stack (dev/stack up, or OUTBOXD_PG_DSN and
 // OUTBOXD_KAFKA_BROKERS) and writes results.json, results.md and bench.png to
@@ -13,7 +16,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -55,26 +57,19 @@ func benchMain(args []string) error {
 	proxyAPI := fs.String("proxy-api", "", "with -network: the proxy's HTTP API (dev/stack proxy-start's DIR/api)")
 	proxyBrokers := fs.String("proxy-brokers", "", "with -network: the broker address behind the proxy, which the publishers bootstrap from")
 	rtts := fs.String("rtts", "", "with -network: comma-separated round trips instead of the plan's, e.g. 0,1ms,5ms")
-	rewrite := fs.String("rewrite", "", "instead of measuring: read this network.json and write its network.md and network.png again (same data)")
+	chart := fs.String("chart", "", "instead of measuring: read this results.json (or network.json) and draw its bench.png (network.png) again")
+	rewrite := fs.String("rewrite", "", "instead of measuring: read this results.json (or network.json) and write its .md and .png again (same data)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *rewrite != "" {
-		b, err := os.ReadFile(*rewrite)
-		if err != nil {
-			return err
-		}
-		var nr networkReport
-		if err := json.Unmarshal(b, &nr); err != nil {
-			return fmt.Errorf("%s: %w", *rewrite, err)
-		}
-		return nr.write(filepath.Dir(*rewrite))
+	if *chart != "" || *rewrite != "" {
+		return redraw(*chart+*rewrite, *rewrite != "")
 	}
 	root, err := repoRoot()
 	if err != nil {
 		return err
 	}
-	st, err := stackFromEnv(root)
+	st, err := stackFromEnv()
 	if err != nil {
 		return err
 	}
@@ -228,7 +223,7 @@ func buildOutboxd(root, dir string) (string, error) {
 
 // run measures every latency cell, then the drains.
 func run(ctx context.Context, r runner) (*report, error) {
-	rep := &report{Plan: r.plan, Machine: machineInfo(ctx, r.stack), Started: time.Now().UTC()}
+	rep := &report{runInfo: newRunInfo(ctx, r.plan, r.stack)}
 	findPostmaster(ctx, r.stack)
 	r.logf("bench %s: %d sources × %d loads × %s × %d rounds, then a %d-row backlog; %s",
 		r.plan.Name, len(r.plan.Sources), len(r.plan.Loads), r.plan.Duration, max(1, r.plan.Repeats), r.plan.DrainRows, rep.Machine.summary())

@@ -3,19 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // make bench-network (issue 26): the latency cells, a hot aggregate and the
@@ -44,12 +42,7 @@ func bareProducer(ctx context.Context, st stack, partitions int32, l load, aggre
 		return floor{}, err
 	}
 	defer deleteTopic(st, topic)
-	c := kafkaConfig()
-	c.Producer.RequiredAcks = sarama.WaitForAll
-	c.Producer.Return.Successes = true
-	c.Producer.Idempotent = true
-	c.Net.MaxOpenRequests = 1
-	c.Producer.Flush.Frequency = 0
+	c := producerConfig()
 	if l.TxRows > 1 {
 		// A transaction's records go out together, as outboxd hands them
 		// over at the commit: a request once the burst is in (or 1 ms).
@@ -184,11 +177,7 @@ func (r runner) hot(ctx context.Context, spec hotSpec) hotResult {
 
 // networkReport is everything make bench-network measured.
 type networkReport struct {
-	Plan     plan      `json:"plan"`
-	Machine  machine   `json:"machine"`
-	Started  time.Time `json:"started"`
-	Finished time.Time `json:"finished"`
-	Warmup   warmup    `json:"warmup"`
+	runInfo
 	// Floors is the produce round trip through the proxy at each RTT,
 	// measured before that RTT's cells.
 	Floors  []rttFloor      `json:"floors"`
@@ -209,7 +198,7 @@ type rttFloor struct {
 // rotated rounds, the hot aggregate, the drains.
 func (r runner) network(ctx context.Context) (*networkReport, error) {
 	p := r.plan
-	rep := &networkReport{Plan: p, Machine: machineInfo(ctx, r.stack), Started: time.Now().UTC()}
+	rep := &networkReport{runInfo: newRunInfo(ctx, p, r.stack)}
 	findPostmaster(ctx, r.stack)
 	r.logf("bench %s: RTTs %v, %d sources × %d loads × %s × %d rounds, hot aggregate, %d-row drains; publishers through %v; %s",
 		p.Name, p.RTTs, len(p.Sources), len(p.Loads), p.Duration, max(1, p.Repeats), p.DrainRows, r.stack.pubBrokers(), rep.Machine.summary())
@@ -293,12 +282,8 @@ func warmTransactions(st stack) error {
 		return err
 	}
 	defer deleteTopic(st, topic)
-	c := kafkaConfig()
-	c.Producer.RequiredAcks = sarama.WaitForAll
-	c.Producer.Return.Successes = true
-	c.Producer.Idempotent = true
-	c.Net.MaxOpenRequests = 1
-	c.Producer.Transaction.ID = uniqueName("bench-warm")
+	c := producerConfig()
+	c.Producer.Transaction.ID = testenv.UniqueName("bench-warm")
 	p, err := sarama.NewSyncProducer(st.Brokers, c)
 	if err != nil {
 		return err
@@ -448,28 +433,13 @@ func (n *networkReport) errors() []error {
 // write puts network.json, network.md and network.png into dir.
 func (n *networkReport) write(dir string) error {
 	n.evaluate()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(n, "", "  ")
-	if err != nil {
-		return err
-	}
-	png, err := n.chartReport().chart()
-	if err != nil {
-		return fmt.Errorf("chart: %w", err)
-	}
-	return errors.Join(
-		os.WriteFile(filepath.Join(dir, "network.json"), append(js, '\n'), 0o644),
-		os.WriteFile(filepath.Join(dir, "network.md"), []byte(n.markdown()), 0o644),
-		os.WriteFile(filepath.Join(dir, "network.png"), png, 0o644),
-	)
+	return writeFiles(dir, "network", "network.png", n, n.markdown, n.chartReport())
 }
 
 // chartReport recasts the run as a bench report whose sources are
 // "source @ RTT", for bench's chart.
 func (n *networkReport) chartReport() *report {
-	r := &report{Plan: n.Plan, Machine: n.Machine, Started: n.Started}
+	r := &report{runInfo: n.runInfo}
 	r.Plan.Sources, r.Plan.DrainSources = nil, nil
 	tag := func(name string, rtt float64) string { return fmt.Sprintf("%s rtt %gms", name, rtt) }
 	for _, s := range n.Plan.Sources {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"image/png"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -23,18 +22,7 @@ func TestQuickNetworkBenchmark(t *testing.T) {
 	pg := testenv.Postgres(t) // fails under CI=true when the stack is missing
 	k := testenv.StartKafkaBehindProxy(t, 0)
 	st := stack{AdminDSN: pg.AdminDSN, Brokers: k.Server.Brokers, PubBrokers: k.Brokers()}
-	root := testenv.RepoRoot(t)
-	dir := t.TempDir()
-	bin, err := buildOutboxd(root, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	self := filepath.Join(dir, "bench")
-	build := exec.Command("go", "build", "-o", self, "./bench")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./bench: %v\n%s", err, out)
-	}
+	bin, self := buildChildren(t, true)
 	p := networkQuickPlan()
 	setRTT := func(d time.Duration) error { k.SetRTT(d); return nil }
 	rep, err := runner{stack: st, bin: bin, self: self, plan: p, logf: t.Logf, setRTT: setRTT}.network(context.Background())

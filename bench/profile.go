@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/poll"
 	"github.com/outboxd/outboxd/publisher"
@@ -30,32 +32,21 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	db, err := createDatabase(ctx, st, "profile")
+	sx, err := newScratch(ctx, st, "profile", p.Partitions)
 	if err != nil {
 		return err
 	}
-	defer db.drop()
-	topic, err := createTopic(st, "profile", p.Partitions)
-	if err != nil {
-		return err
-	}
-	defer deleteTopic(st, topic)
-	conn, err := db.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
+	defer sx.close()
+	db, conn, topic := sx.db, sx.conn, sx.topic
 	kc, err := sarama.NewClient(st.Brokers, kafkaConfig())
 	if err != nil {
 		return err
 	}
 	defer kc.Close()
-	slots := map[string]string{"reader": uniqueName("prof_reader"), "cdc": uniqueName("prof_cdc")}
-	pub := uniqueName("prof")
+	slots := map[string]string{"reader": testenv.UniqueName("prof_reader"), "cdc": testenv.UniqueName("prof_cdc")}
+	pub := testenv.UniqueName("prof")
 	for _, s := range slots {
-		sc := slot.DefaultConfig()
-		sc.Slot, sc.Publication = s, pub
-		if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
+		if _, err := sx.slot(ctx, s, pub); err != nil {
 			return err
 		}
 	}
@@ -64,13 +55,9 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		return err
 	}
 	logf("preloaded %d rows in %.1fs (load %.2f)", p.DrainRows, time.Since(t0).Seconds(), loadAvg())
-	stream := func(slotName string) replication.StreamConfig {
-		return replication.StreamConfig{ConnString: db.DSN, Slot: slotName, Publication: pub, StatusInterval: time.Second,
-			Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}
-	}
+	stream := func(slotName string) replication.StreamConfig { return profileStream(db.DSN, slotName, pub) }
 	kcfg := kafka.DefaultConfig()
 	kcfg.Brokers = st.Brokers
-	newProducer := func() (publisher.Producer, error) { return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{}) }
 
 	// profiled runs start under the profiler and returns once done says so.
 	profiled := func(name string, start func(ctx context.Context) <-chan error, done func() bool) error {
@@ -132,7 +119,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 			prog := &confirmAsRead{done: make(chan struct{})}
 			out := make(chan replication.Message, 1024)
 			res := make(chan error, 1)
-			go func() { res <- s.Run(ctx, out, prog) }()
+			go func() { res <- s.RunGated(ctx, out, prog, nil) }()
 			for m := range out {
 				switch m.Kind {
 				case replication.KindEvent:
@@ -160,12 +147,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 	pcfg.ShutdownTimeout = 10 * time.Second
 	err = profiled("cdc", func(ctx context.Context) <-chan error {
 		errc := make(chan error, 1)
-		svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
-			OpenSource: func(ctx context.Context) (publisher.Source, error) {
-				return replication.Open(ctx, stream(slots["cdc"]), zap.NewNop())
-			},
-			NewProducer: func(publisher.Identity) (publisher.Producer, error) { return newProducer() },
-		})
+		svc := publisher.NewKafkaService(pcfg, publisher.Wiring{Stream: stream(slots["cdc"]), Kafka: kcfg}, zap.NewNop(), nil)
 		go func() { errc <- svc.Run(ctx) }()
 		return errc
 	}, inKafka(int64(p.DrainRows)))
@@ -188,7 +170,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		errc := make(chan error, 1)
 		cfg := poll.DefaultConfig()
 		cfg.ConnString = db.DSN
-		poller, err := poll.New(cfg, zap.NewNop(), nil, poll.Deps{NewProducer: newProducer})
+		poller, err := poll.NewKafka(cfg, kcfg, nil, zap.NewNop(), nil)
 		if err != nil {
 			errc <- err
 			return errc
@@ -197,6 +179,59 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 		return errc
 	}, inKafka(2*int64(p.DrainRows)))
 	return err
+}
+
+// scratch is what one profiling run writes to: a database of its own with
+// a connection to it and, unless partitions is 0, a topic; close removes
+// them.
+type scratch struct {
+	st    stack
+	db    *database
+	conn  *pgx.Conn
+	topic string
+}
+
+func newScratch(ctx context.Context, st stack, prefix string, partitions int32) (*scratch, error) {
+	db, err := createDatabase(ctx, st, prefix)
+	if err != nil {
+		return nil, err
+	}
+	sx := &scratch{st: st, db: db}
+	if partitions > 0 {
+		if sx.topic, err = createTopic(st, prefix, partitions); err != nil {
+			sx.close()
+			return nil, err
+		}
+	}
+	if sx.conn, err = db.connect(ctx); err != nil {
+		sx.close()
+		return nil, err
+	}
+	return sx, nil
+}
+
+func (sx *scratch) close() {
+	if sx.conn != nil {
+		sx.conn.Close(context.Background())
+	}
+	if sx.topic != "" {
+		deleteTopic(sx.st, sx.topic)
+	}
+	_ = sx.db.drop()
+}
+
+// slot creates a replication slot and a publication in the database.
+func (sx *scratch) slot(ctx context.Context, name, publication string) (slot.Config, error) {
+	sc := slot.DefaultConfig()
+	sc.Slot, sc.Publication = name, publication
+	_, err := slot.Ensure(ctx, sx.conn, sc, true)
+	return sc, err
+}
+
+// profileStream is the replication connection of the in-process runs.
+func profileStream(dsn, slotName, publication string) replication.StreamConfig {
+	return replication.StreamConfig{ConnString: dsn, Slot: slotName, Publication: publication, StatusInterval: time.Second,
+		Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}
 }
 
 // top writes go tool pprof's top 25, flat and cumulative, next to a profile.
@@ -220,39 +255,21 @@ func top(dir, name string) error {
 // profileSteady profiles CDC in this process at 1,000 events/s in 10-row
 // transactions for the plan's duration: where a steady load spends CPU.
 func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(string, ...any)) error {
-	db, err := createDatabase(ctx, st, "profile")
+	sx, err := newScratch(ctx, st, "profile", p.Partitions)
 	if err != nil {
 		return err
 	}
-	defer db.drop()
-	topic, err := createTopic(st, "profile", p.Partitions)
+	defer sx.close()
+	db, topic := sx.db, sx.topic
+	sc, err := sx.slot(ctx, testenv.UniqueName("prof_steady"), testenv.UniqueName("prof"))
 	if err != nil {
-		return err
-	}
-	defer deleteTopic(st, topic)
-	conn, err := db.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	sc := slot.DefaultConfig()
-	sc.Slot, sc.Publication = uniqueName("prof_steady"), uniqueName("prof")
-	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
 		return err
 	}
 	kcfg := kafka.DefaultConfig()
 	kcfg.Brokers = st.Brokers
 	pcfg := publisher.DefaultConfig()
 	pcfg.ShutdownTimeout = 10 * time.Second
-	svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
-		OpenSource: func(ctx context.Context) (publisher.Source, error) {
-			return replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
-				StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
-		},
-		NewProducer: func(publisher.Identity) (publisher.Producer, error) {
-			return kafka.NewProducer(kcfg, nil, kafka.ProducerHooks{})
-		},
-	})
+	svc := publisher.NewKafkaService(pcfg, publisher.Wiring{Stream: profileStream(db.DSN, sc.Slot, sc.Publication), Kafka: kcfg}, zap.NewNop(), nil)
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
@@ -290,23 +307,17 @@ func profileSteady(ctx context.Context, st stack, p plan, dir string, logf func(
 // and logs commit → read per second: whether PostgreSQL and the reader keep
 // up by themselves.
 func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, ...any)) error {
-	db, err := createDatabase(ctx, st, "lag")
+	sx, err := newScratch(ctx, st, "lag", 0)
 	if err != nil {
 		return err
 	}
-	defer db.drop()
-	conn, err := db.connect(ctx)
+	defer sx.close()
+	db := sx.db
+	sc, err := sx.slot(ctx, testenv.UniqueName("lag"), testenv.UniqueName("lag"))
 	if err != nil {
 		return err
 	}
-	defer conn.Close(context.Background())
-	sc := slot.DefaultConfig()
-	sc.Slot, sc.Publication = uniqueName("lag"), uniqueName("lag")
-	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
-		return err
-	}
-	s, err := replication.Open(ctx, replication.StreamConfig{ConnString: db.DSN, Slot: sc.Slot, Publication: sc.Publication,
-		StatusInterval: time.Second, Decoder: replication.DecoderConfig{Columns: replication.DefaultColumns()}}, zap.NewNop())
+	s, err := replication.Open(ctx, profileStream(db.DSN, sc.Slot, sc.Publication), zap.NewNop())
 	if err != nil {
 		return err
 	}
@@ -316,7 +327,7 @@ func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(rctx, out, prog) }()
+	go func() { runErr <- s.RunGated(rctx, out, prog, nil) }()
 	bySec := map[int][]float64{}
 	read := make(chan struct{})
 	began := time.Now()

@@ -13,13 +13,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
 )
 
 // The bare replication reader as a source (issue 26's sustained floor): the
-// reader alone (replication.Open + Stream.Run: receive, decode, confirm each
+// reader alone (replication.Open + Stream.RunGated: receive, decode, confirm each
 // commit as read; no Kafka) in a process of its own, through the same rate
 // search as outboxd. Its latency is commit return → the reader has the
 // event; outboxd's is commit return → the record in Kafka, so outboxd's
@@ -58,7 +59,7 @@ func readerMain(args []string) int {
 	prog := &confirmAsRead{done: make(chan struct{})}
 	out := make(chan replication.Message, 1024)
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.Run(ctx, out, prog) }()
+	go func() { runErr <- s.RunGated(ctx, out, prog, nil) }()
 	w := bufio.NewWriterSize(f, 1<<16)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -137,7 +138,7 @@ func (r *runner) readerCell(ctx context.Context, l load) (res latencyResult) {
 		return fail(err)
 	}
 	defer conn.Close(context.Background())
-	name := uniqueName("reader")
+	name := testenv.UniqueName("reader")
 	sc := slot.DefaultConfig()
 	sc.Slot, sc.Publication = name, name
 	if _, err := slot.Ensure(ctx, conn, sc, true); err != nil {
@@ -183,7 +184,7 @@ func (r *runner) readerCell(ctx context.Context, l load) (res latencyResult) {
 		return fail(fmt.Errorf("warm-up: reader did not read every row in 60s: %s", child.Tail(5)))
 	}
 	res.StartupSeconds = time.Since(started).Seconds()
-	pids, err := publisherBackends(ctx, conn, db.Name)
+	pids, err := publisherBackends(ctx, conn, db.Database)
 	if err != nil {
 		return fail(err)
 	}

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,13 +13,7 @@ import (
 // walsender's share sampled. It never asserts timings.
 func TestReaderCell(t *testing.T) {
 	pg := testenv.Postgres(t) // fails under CI=true when the stack is missing
-	root := testenv.RepoRoot(t)
-	self := filepath.Join(t.TempDir(), "bench")
-	build := exec.Command("go", "build", "-o", self, "./bench")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./bench: %v\n%s", err, out)
-	}
+	_, self := buildChildren(t, false)
 	p := quickPlan()
 	p.Duration = 2 * time.Second
 	r := &runner{stack: stack{AdminDSN: pg.AdminDSN}, self: self, plan: p, logf: t.Logf}

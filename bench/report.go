@@ -16,13 +16,24 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// runInfo opens every report (results.json, network.json): what was run,
+// where and when.
+type runInfo struct {
+	Plan     plan      `json:"plan"`
+	Machine  machine   `json:"machine"`
+	Started  time.Time `json:"started"`
+	Finished time.Time `json:"finished"`
+	Warmup   warmup    `json:"warmup"`
+}
+
+// newRunInfo is a run of p starting now on r's stack.
+func newRunInfo(ctx context.Context, p plan, st stack) runInfo {
+	return runInfo{Plan: p, Machine: machineInfo(ctx, st), Started: time.Now().UTC()}
+}
+
 // report is everything one run measured.
 type report struct {
-	Plan       plan              `json:"plan"`
-	Machine    machine           `json:"machine"`
-	Started    time.Time         `json:"started"`
-	Finished   time.Time         `json:"finished"`
-	Warmup     warmup            `json:"warmup"`
+	runInfo
 	FloorStart floor             `json:"floor_start"`
 	FloorEnd   floor             `json:"floor_end"`
 	Latency    []latencyResult   `json:"latency"`
@@ -179,21 +190,27 @@ func (r *report) errors() []error {
 // write puts results.json, results.md and bench.png into dir.
 func (r *report) write(dir string) error {
 	r.evaluate()
+	return writeFiles(dir, "results", "bench.png", r, r.markdown, r)
+}
+
+// writeFiles puts a report into dir: v as name.json, markdown's text as
+// name.md and chart's chart as png.
+func writeFiles(dir, name, png string, v any, markdown func() string, chart *report) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	js, err := json.MarshalIndent(r, "", "  ")
+	js, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	png, err := r.chart()
+	img, err := chart.chart()
 	if err != nil {
 		return fmt.Errorf("chart: %w", err)
 	}
 	return errors.Join(
-		os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644),
-		os.WriteFile(filepath.Join(dir, "results.md"), []byte(r.markdown()), 0o644),
-		os.WriteFile(filepath.Join(dir, "bench.png"), png, 0o644),
+		os.WriteFile(filepath.Join(dir, name+".json"), append(js, '\n'), 0o644),
+		os.WriteFile(filepath.Join(dir, name+".md"), []byte(markdown()), 0o644),
+		os.WriteFile(filepath.Join(dir, png), img, 0o644),
 	)
 }
 
@@ -371,7 +388,7 @@ func (r *report) markdown() string {
 	p("- **Publisher CPU** is user+system time of the outboxd process over the measured window (/proc/PID/stat), per 1,000 events; **peak RSS** is its VmHWM.\n")
 	p("- **PostgreSQL cost**: *PG backend CPU* is the CPU of the server processes serving the publisher (the walsender under CDC, the poll connections under polling), from /proc; *blocks* and *WAL* are pg_stat_statements over the poller's statements (CDC runs none: it reads WAL, not tables).\n")
 	p("- **late: partition / key** counts records that reached Kafka after a record with a higher outbox id on the same partition / of the same key. Writers run concurrently, so transactions commit out of id order; CDC publishes in commit order, polling in id order within one poll and in commit order across polls. Each key has one writer, so per key, commit order is id order and *key* must be 0 with one poll worker.\n")
-	p("- **Drain**: the backlog is preloaded, then the publisher starts; seconds run from process start until Kafka's high watermarks hold every row. The **ceiling** is the replication reader (replication.Open, Stream.Run: receive + decode) confirming as it reads, with no Kafka, in a process of its own, from process start to the last event. Polling's interval does not matter while every poll returns a full batch.\n")
+	p("- **Drain**: the backlog is preloaded, then the publisher starts; seconds run from process start until Kafka's high watermarks hold every row. The **ceiling** is the replication reader (replication.Open, Stream.RunGated: receive + decode) confirming as it reads, with no Kafka, in a process of its own, from process start to the last event. Polling's interval does not matter while every poll returns a full batch.\n")
 	return b.String()
 }
 

@@ -66,20 +66,30 @@ type bucket struct {
 // histograms are the buckets of every histogram in a scrape, by name.
 type histograms map[string][]bucket
 
-// scrapeHistograms reads the _bucket series of a Prometheus text exposition.
-func scrapeHistograms(ctx context.Context, addr string) (histograms, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// get GETs url from outboxd's HTTP server within timeout and hands the
+// response to read.
+func get(ctx context.Context, url string, timeout time.Duration, read func(*http.Response) error) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
-	return parseHistograms(resp.Body)
+	return read(resp)
+}
+
+// scrapeHistograms reads the _bucket series of a Prometheus text exposition.
+func scrapeHistograms(ctx context.Context, addr string) (h histograms, err error) {
+	err = get(ctx, "http://"+addr+"/metrics", 5*time.Second, func(resp *http.Response) error {
+		h, err = parseHistograms(resp.Body)
+		return err
+	})
+	return h, err
 }
 
 func parseHistograms(r io.Reader) (histograms, error) {
@@ -175,62 +185,46 @@ func stagesBetween(before, after histograms) *stageLatency {
 // cpuProfile fetches a CPU profile of seconds from outboxd's /debug/pprof
 // (-pprof) into path.
 func cpuProfile(ctx context.Context, addr string, seconds int, path string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Duration(seconds+30)*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("profile: %s", resp.Status)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds)
+	return get(ctx, url, time.Duration(seconds+30)*time.Second, func(resp *http.Response) error {
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("profile: %s", resp.Status)
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		if _, err := io.Copy(f, resp.Body); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	})
 }
 
 // scrapeGauges reads the named gauges (no labels) from outboxd's metrics.
 func scrapeGauges(ctx context.Context, addr string, names ...string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
 	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) != 2 {
-			continue
-		}
-		for _, n := range names {
-			if f[0] == n {
-				if v, err := strconv.ParseFloat(f[1], 64); err == nil {
-					out[n] = v
+	err := get(ctx, "http://"+addr+"/metrics", 2*time.Second, func(resp *http.Response) error {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) != 2 {
+				continue
+			}
+			for _, n := range names {
+				if f[0] == n {
+					if v, err := strconv.ParseFloat(f[1], 64); err == nil {
+						out[n] = v
+					}
 				}
 			}
 		}
-	}
-	return out, sc.Err()
+		return sc.Err()
+	})
+	return out, err
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // takeoverResult is one standby takeover at one round trip: an outboxd
@@ -69,7 +71,7 @@ func (r *runner) takeover(ctx context.Context, s source) (res takeoverResult) {
 		return id, err
 	}
 
-	name := uniqueName("takeover")
+	name := testenv.UniqueName("takeover")
 	started := time.Now()
 	active, done, _, err := r.launch(db, name, name, s)
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
-	"github.com/outboxd/outboxd/publisher"
 )
 
 // TestFailedProduceRollsBackAndRetries: while Kafka fails, nothing is marked
@@ -36,7 +35,7 @@ func TestFailedProduceRollsBackAndRetries(t *testing.T) {
 		return nil
 	})
 	// A new producer per session, as after a real failure.
-	newProducer := func() (publisher.Producer, error) { return newFakeProducer(fp.delay, fp.fail), nil }
+	newProducer := func() (outbox.Producer, error) { return newFakeProducer(fp.delay, fp.fail), nil }
 	r := start(t, testConfig(pg), Deps{NewProducer: newProducer})
 	time.Sleep(500 * time.Millisecond)
 	if n := count(t, pg, "published_at IS NOT NULL"); n != 0 {
@@ -187,7 +186,7 @@ func TestHookRunsBeforeRowsAreMarked(t *testing.T) {
 	h := &failingHook{fails: 3, seen: map[int64]int{}}
 	cfg := testConfig(pg)
 	cfg.BatchSize = 10
-	r := start(t, cfg, Deps{NewProducer: func() (publisher.Producer, error) { return newFakeProducer(0, nil), nil },
+	r := start(t, cfg, Deps{NewProducer: func() (outbox.Producer, error) { return newFakeProducer(0, nil), nil },
 		NewHook: func(context.Context) (outbox.Hook, error) { return h, nil }})
 	waitCount(t, pg, "published_at IS NULL", 0, 30*time.Second)
 	if err := r.stop(t); err != nil {

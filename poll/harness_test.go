@@ -16,7 +16,6 @@ import (
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/migrations"
 	"github.com/outboxd/outboxd/outbox"
-	"github.com/outboxd/outboxd/publisher"
 )
 
 // migrated gives the test its own database with the outbox migrations
@@ -92,17 +91,17 @@ func (r *running) wait(t *testing.T, timeout time.Duration) error {
 	}
 }
 
-func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (publisher.Producer, error) {
+func kafkaProducer(t *testing.T, k *testenv.KafkaEnv) func() (outbox.Producer, error) {
 	t.Helper()
 	kc := kafka.DefaultConfig()
 	kc.Brokers = k.Brokers
-	return func() (publisher.Producer, error) {
+	return func() (outbox.Producer, error) {
 		return kafka.NewProducer(kc, nil, kafka.ProducerHooks{})
 	}
 }
 
-func fakeFactory(p *fakeProducer) func() (publisher.Producer, error) {
-	return func() (publisher.Producer, error) { return p, nil }
+func fakeFactory(p *fakeProducer) func() (outbox.Producer, error) {
+	return func() (outbox.Producer, error) { return p, nil }
 }
 
 func count(t *testing.T, pg *testenv.PG, where string) int {

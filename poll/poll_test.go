@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/slot"
@@ -48,7 +49,7 @@ func TestPublishesWhatCDCPublishes(t *testing.T) {
 				Decoder:        replication.DecoderConfig{Columns: replication.DefaultColumns()},
 			}, zap.NewNop())
 		},
-		NewProducer: func(publisher.Identity) (publisher.Producer, error) { return kafkaProducer(t, k)() },
+		NewProducer: func(publisher.Identity) (outbox.Producer, error) { return kafkaProducer(t, k)() },
 	})
 	cdcCtx, stopCDC := context.WithCancel(ctx)
 	cdcDone := make(chan error, 1)

@@ -125,7 +125,7 @@ func (c *checkpointing) wanted() (pglogrepl.LSN, bool) {
 
 // send sends a checkpoint record; its acknowledgement comes back on acks
 // (written).
-func (c *checkpointing) send(ctx context.Context, prod Producer, cp Checkpoint) error {
+func (c *checkpointing) send(ctx context.Context, prod outbox.Producer, cp Checkpoint) error {
 	r, err := checkpointRecord(c.topic, c.id, c.stamp(cp))
 	if err != nil {
 		return err
@@ -148,7 +148,7 @@ func (c *checkpointing) written(ctx context.Context, cp Checkpoint) error {
 }
 
 // write sends a checkpoint record and waits for its acknowledgement.
-func (c *checkpointing) write(ctx context.Context, prod Producer, cp Checkpoint) error {
+func (c *checkpointing) write(ctx context.Context, prod outbox.Producer, cp Checkpoint) error {
 	if err := c.send(ctx, prod, cp); err != nil {
 		return err
 	}
@@ -158,7 +158,7 @@ func (c *checkpointing) write(ctx context.Context, prod Producer, cp Checkpoint)
 // resetCheckpoint writes a checkpoint at the slot's position, before the
 // session streams: the gap before it was accepted. prev's id high mark and
 // generation carry over.
-func resetCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, at pglogrepl.LSN, prev *Checkpoint) error {
+func resetCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id Identity, at pglogrepl.LSN, prev *Checkpoint) error {
 	cp := Checkpoint{EndLSN: at}
 	if prev != nil {
 		cp.MaxOutboxID, cp.Generation = prev.MaxOutboxID, prev.Generation
@@ -169,7 +169,7 @@ func resetCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity
 // WriteCheckpoint writes cp as id's checkpoint and waits for it (and, in
 // exactly-once mode, commits it, so prod must be Transactional then):
 // outboxd checkpoint reset.
-func WriteCheckpoint(ctx context.Context, prod Producer, cfg Config, id Identity, cp Checkpoint) error {
+func WriteCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id Identity, cp Checkpoint) error {
 	at := cp.EndLSN
 	var tp Transactional
 	if cfg.Delivery == ExactlyOnce {

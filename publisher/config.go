@@ -136,7 +136,3 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
-
-// HeaderOutboxID is outbox.HeaderOutboxID. bench/ still names it here;
-// new code uses package outbox.
-const HeaderOutboxID = outbox.HeaderOutboxID

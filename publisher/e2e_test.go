@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // The pipeline end to end, in process and fast: the fake slot
@@ -108,7 +109,7 @@ func TestEndToEndAtLeastOnceThroughKafka(t *testing.T) {
 	srv := newFakeServer(0)
 	end := commitOrders(srv, 20)
 	h := newSvcHarness(t, srv, nil)
-	h.deps.NewProducer = func(Identity) (Producer, error) {
+	h.deps.NewProducer = func(Identity) (outbox.Producer, error) {
 		return kafka.NewProducer(e2eKafkaConfig(brokers), zaptest.NewLogger(t), kafka.ProducerHooks{})
 	}
 	h.start(svcConfig())
@@ -130,7 +131,7 @@ func TestEndToEndExactlyOnceThroughKafka(t *testing.T) {
 	srv := newFakeServer(0)
 	end := commitOrders(srv, 20)
 	h := newSvcHarness(t, srv, nil)
-	h.deps.NewProducer = func(id Identity) (Producer, error) {
+	h.deps.NewProducer = func(id Identity) (outbox.Producer, error) {
 		c := e2eKafkaConfig(brokers)
 		c.TransactionalID = id.TransactionalID()
 		return kafka.NewProducer(c, zaptest.NewLogger(t), kafka.ProducerHooks{})

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -289,7 +290,7 @@ func newSvcKafka(policy func(session int, r *kafka.Record) (fate, error)) *svcKa
 	return &svcKafka{policy: policy, manual: make(chan sentRecord, 1000)}
 }
 
-func (k *svcKafka) newProducer(Identity) (Producer, error) {
+func (k *svcKafka) newProducer(Identity) (outbox.Producer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	p := &svcProducer{k: k, session: k.sessions, results: make(chan *kafka.Record, 1000), held: map[*kafka.Record]bool{}}

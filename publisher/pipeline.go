@@ -22,7 +22,7 @@ import (
 type Pipeline struct {
 	cfg  Config
 	log  *zap.Logger
-	prod Producer
+	prod outbox.Producer
 	// batch is prod when it takes several records at once, else nil.
 	batch batchSender
 	dlq   outbox.DeadLetterer // nil: poison halts
@@ -51,7 +51,7 @@ type Pipeline struct {
 
 // NewPipeline builds a pipeline that starts at the slot's confirmed position.
 // dlq and hook may be nil.
-func NewPipeline(cfg Config, log *zap.Logger, prod Producer, dlq outbox.DeadLetterer, hook outbox.Hook, start pglogrepl.LSN, m *outbox.Metrics) *Pipeline {
+func NewPipeline(cfg Config, log *zap.Logger, prod outbox.Producer, dlq outbox.DeadLetterer, hook outbox.Hook, start pglogrepl.LSN, m *outbox.Metrics) *Pipeline {
 	if m == nil {
 		m = outbox.NewMetrics(nil)
 	}

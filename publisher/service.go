@@ -42,7 +42,7 @@ type Deps struct {
 	// NewProducer connects a producer for the identity's slot (in
 	// exactly-once mode with the identity's transactional id, which fences
 	// any older producer of the same slot).
-	NewProducer func(id Identity) (Producer, error)
+	NewProducer func(id Identity) (outbox.Producer, error)
 	// ReadCheckpoint, when set, reads the identity's checkpoint (nil when
 	// there is none yet): checkpoints are on.
 	ReadCheckpoint func(ctx context.Context, id Identity) (*Checkpoint, error)
@@ -186,7 +186,7 @@ func (s *Service) openSource(ctx context.Context) (Source, error) {
 // newPipeline builds the session's pipeline: its delivery mode (from the
 // checkpoint, when checkpoints are on), dead-letterer and hook. closeDeps
 // closes the last two; on an error they are closed already.
-func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id Identity) (pl *Pipeline, closeDeps func(), err error) {
+func (s *Service) newPipeline(ctx context.Context, src Source, prod outbox.Producer, id Identity) (pl *Pipeline, closeDeps func(), err error) {
 	var closers outbox.Closers
 	defer func() {
 		if err != nil {
@@ -225,7 +225,7 @@ func (s *Service) newPipeline(ctx context.Context, src Source, prod Producer, id
 // stream runs the stream and the pipeline until the pipeline returns, then
 // ends the producer (aborting an open Kafka transaction first) and waits
 // for the stream's last status update.
-func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod Producer, pl *Pipeline) (progressed bool, err error) {
+func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod outbox.Producer, pl *Pipeline) (progressed bool, err error) {
 	s.m.ConfirmedLSN.Set(float64(src.StartLSN()))
 
 	// Cancelling readCtx stops reading from the slot (a stop, or a failed
@@ -268,7 +268,7 @@ func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod Producer
 // it: a checkpoint not on the server's history is refused (and the refusal
 // recorded), a gap refused unless accepted. It returns the session's
 // checkpoint state.
-func (s *Service) checkpointing(ctx context.Context, src Source, prod Producer, id Identity) (*checkpointing, error) {
+func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Producer, id Identity) (*checkpointing, error) {
 	c, err := s.deps.ReadCheckpoint(ctx, id)
 	if err == nil && c != nil && c.DatabaseOID != 0 && id.DatabaseOID != 0 && c.DatabaseOID != id.DatabaseOID {
 		// A database of that name was dropped and created anew: its
@@ -340,7 +340,7 @@ func (s *Service) checkHistory(ctx context.Context, c *Checkpoint, src Source) e
 // history and id high mark), so that every later start refuses too, even
 // once the server's WAL has moved past the checkpoint or the slot created
 // below it is no longer new.
-func (s *Service) recordRefusal(ctx context.Context, prod Producer, id Identity, e *RewindError) error {
+func (s *Service) recordRefusal(ctx context.Context, prod outbox.Producer, id Identity, e *RewindError) error {
 	if e.Kind == RewindRecorded {
 		return nil
 	}
@@ -352,7 +352,7 @@ func (s *Service) recordRefusal(ctx context.Context, prod Producer, id Identity,
 
 // drainResults waits for a closed producer to hand back what it had in
 // flight; those records are neither acked nor confirmed.
-func drainResults(p Producer) {
+func drainResults(p outbox.Producer) {
 	for range p.Results() {
 	}
 }

@@ -67,7 +67,7 @@ func TestServiceCountsRestartsByCause(t *testing.T) {
 		}},
 		{"producer cannot connect", "kafka", func(h *svcHarness) {
 			var calls atomic.Int32
-			h.deps.NewProducer = func(id Identity) (Producer, error) {
+			h.deps.NewProducer = func(id Identity) (outbox.Producer, error) {
 				if calls.Add(1) == 1 {
 					return nil, boom
 				}

@@ -305,7 +305,8 @@ func (f *fakeServer) drainStatus() {
 	}
 }
 
-// fakeProgress is the consumer's side of Progress.
+// fakeProgress is the consumer's side as a Gate with nothing downstream:
+// what it has done may be confirmed as it is.
 type fakeProgress struct {
 	confirmed atomic.Uint64
 	done      chan struct{}
@@ -318,10 +319,11 @@ func newFakeProgress(confirmed pglogrepl.LSN) *fakeProgress {
 	return p
 }
 
-func (p *fakeProgress) Confirmed() pglogrepl.LSN  { return pglogrepl.LSN(p.confirmed.Load()) }
-func (p *fakeProgress) Done() <-chan struct{}     { return p.done }
-func (p *fakeProgress) confirm(lsn pglogrepl.LSN) { p.confirmed.Store(uint64(lsn)) }
-func (p *fakeProgress) finish()                   { p.once.Do(func() { close(p.done) }) }
+func (p *fakeProgress) Confirmed() pglogrepl.LSN                     { return pglogrepl.LSN(p.confirmed.Load()) }
+func (p *fakeProgress) Done() <-chan struct{}                        { return p.done }
+func (p *fakeProgress) Confirmable(want pglogrepl.LSN) pglogrepl.LSN { return want }
+func (p *fakeProgress) confirm(lsn pglogrepl.LSN)                    { p.confirmed.Store(uint64(lsn)) }
+func (p *fakeProgress) finish()                                      { p.once.Do(func() { close(p.done) }) }
 
 // testConfig is a stream configuration for the fake server: fast status
 // updates, a server timeout long enough never to fire unless a test wants it.
@@ -364,7 +366,7 @@ func startRun(t *testing.T, f *fakeServer, s *Stream, outCap int, progress *fake
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: t, out: make(chan Message, outCap), progress: progress, cancel: cancel,
 		err: make(chan error, 1), started: time.Now()}
-	go func() { r.err <- s.Run(ctx, r.out, progress) }()
+	go func() { r.err <- s.RunGated(ctx, r.out, progress, nil) }()
 	t.Cleanup(func() {
 		// Run owns the connection until it returns: end it from the
 		// server's side, never by closing the stream under it.

@@ -1,10 +1,6 @@
 package replication
 
-import (
-	"context"
-
-	"github.com/jackc/pglogrepl"
-)
+import "github.com/jackc/pglogrepl"
 
 // Gate is what the stream asks, before every status update, what it may
 // confirm to the server: the one place that decides a confirmed position
@@ -23,23 +19,3 @@ type Gate interface {
 	// drained what it had, or it gave up.
 	Done() <-chan struct{}
 }
-
-// Progress is a consumer with nothing to record downstream before a
-// position may be confirmed (a reader with no sink, a test): what it has
-// done may be confirmed as it is.
-type Progress interface {
-	Confirmed() pglogrepl.LSN
-	Done() <-chan struct{}
-}
-
-// Run is RunGated for a Progress: it confirms what progress has done, with
-// progress's Budget when it has one.
-func (s *Stream) Run(ctx context.Context, out chan<- Message, progress Progress) error {
-	budget, _ := progress.(Budget)
-	return s.RunGated(ctx, out, ungated{progress}, budget)
-}
-
-// ungated is the Gate of a Progress: everything done may be confirmed.
-type ungated struct{ Progress }
-
-func (ungated) Confirmable(want pglogrepl.LSN) pglogrepl.LSN { return want }

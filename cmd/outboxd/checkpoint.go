@@ -59,7 +59,7 @@ func cmdCheckpointReset(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	old, err := readCheckpoint(ctx, kcfg, topic, id)
+	old, err := publisher.ReadCheckpoint(ctx, kcfg, topic, id)
 	if err != nil {
 		return fmt.Errorf("read the checkpoint from %q: %w", topic, err)
 	}

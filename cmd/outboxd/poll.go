@@ -79,7 +79,6 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg)
-	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
 	enc, err := o.formats.encoder(o, logger.Named("format"), reg)
 	if err != nil {
 		return err
@@ -87,20 +86,11 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	if enc != nil {
 		cfg.Encoder = enc
 	}
-	deps := poll.Deps{
-		NewProducer: func() (outbox.Producer, error) {
-			return kafka.NewProducer(kcfg, logger.Named("kafka"), kafka.ProducerHooks{})
-		},
-	}
-	if cfg.DeadLetterTopic != "" {
-		deps.NewDeadLetterer = func() (outbox.DeadLetterer, error) {
-			return kafka.NewDeadLetterer(kcfg, cfg.DeadLetterTopic)
-		}
-	}
-	if deps.NewHook, err = o.newHook(); err != nil {
+	newHook, err := o.newHook()
+	if err != nil {
 		return err
 	}
-	poller, err := poll.New(cfg, logger.Named("poll"), poll.NewMetrics(reg), deps)
+	poller, err := poll.NewKafka(cfg, kcfg, newHook, logger, poll.NewMetrics(reg))
 	if err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}

@@ -158,7 +158,7 @@ func replayOrigin(ctx context.Context, o *options, kcfg kafka.Config) ([]byte, e
 		return nil, err
 	}
 	id := publisher.Identity{SystemID: h.SystemID, Timeline: h.Timeline, Database: h.Database, Slot: o.slot.Slot}
-	cp, err := readCheckpoint(ctx, kcfg, topic, id)
+	cp, err := publisher.ReadCheckpoint(ctx, kcfg, topic, id)
 	if err != nil {
 		return nil, fmt.Errorf("read the checkpoint from %q: %w", topic, err)
 	}

@@ -21,15 +21,9 @@ import (
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
-	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/slot"
 )
-
-// standbyCheckInterval is how often a standby reads pg_replication_slots
-// while it waits: it takes over within that of the active process's exit
-// (--standby-poll-interval still bounds each wait and retries the slot).
-const standbyCheckInterval = 100 * time.Millisecond
 
 func cmdRun(ctx context.Context, args []string) error {
 	var o options
@@ -83,61 +77,19 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	registerBuildInfo(reg)
 	metrics := outbox.NewMetrics(reg)
-	kcfg.ContinueAfterPoison = o.pub.DeadLetterTopic != ""
-	o.pub.MaxRecordBytes = kcfg.MaxMessageBytes
 	if o.pub.Encoder, err = o.formats.encoder(o, logger.Named("format"), reg); err != nil {
 		return err
-	}
-
-	deps := publisher.Deps{
-		OpenSource: func(ctx context.Context) (publisher.Source, error) {
-			return replication.Open(ctx, o.streamConfig(), logger.Named("replication"))
-		},
-		NewProducer: func(id publisher.Identity) (publisher.Producer, error) {
-			c := kcfg
-			if o.pub.Delivery == publisher.ExactlyOnce {
-				c.TransactionalID = id.TransactionalID()
-			}
-			return kafka.NewProducer(c, logger.Named("kafka"), metrics.ProducerHooks())
-		},
-		AwaitSlotRelease: func(ctx context.Context, name string, pid int) error {
-			conn, err := pgx.Connect(ctx, o.pgDSN)
-			if err != nil {
-				return err
-			}
-			defer conn.Close(context.Background())
-			return slot.AwaitRelease(ctx, conn, name, pid, standbyCheckInterval)
-		},
 	}
 	if topic := o.pub.CheckpointTopic; topic != "" {
 		if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
 			logger.Warn("checkpoint topic not ready; the sessions will retry", zap.String("topic", topic), zap.Error(err))
 		}
-		deps.ReadCheckpoint = func(ctx context.Context, id publisher.Identity) (*publisher.Checkpoint, error) {
-			began := time.Now()
-			c, err := readCheckpoint(ctx, kcfg, topic, id)
-			if err == nil {
-				// How long a session's start waited for the checkpoint: on a
-				// shared cluster, what other deployments cannot stretch.
-				logger.Info("checkpoint read", zap.String("topic", topic), zap.Bool("found", c != nil),
-					zap.Duration("took", time.Since(began).Round(time.Millisecond)))
-			}
-			return c, err
-		}
-		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
-			return replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
-		}
-		deps.SlotCreated = slotCreated || createdBefore
 	}
-	if o.pub.DeadLetterTopic != "" {
-		deps.NewDeadLetterer = func() (outbox.DeadLetterer, error) {
-			return kafka.NewDeadLetterer(kcfg, o.pub.DeadLetterTopic)
-		}
-	}
-	if deps.NewHook, err = o.newHook(); err != nil {
+	w := publisher.Wiring{Stream: o.streamConfig(), Kafka: kcfg, SlotCreated: slotCreated || createdBefore}
+	if w.NewHook, err = o.newHook(); err != nil {
 		return err
 	}
-	svc := publisher.NewService(o.pub, logger, metrics, deps)
+	svc := publisher.NewKafkaService(o.pub, w, logger, metrics)
 
 	var g run.Group
 	{ // The service: the data path.
@@ -177,23 +129,6 @@ func addRetention(ctx context.Context, g *run.Group, o *options, publishedOnly b
 	ctx, cancel := context.WithCancel(ctx)
 	g.Add(func() error { return p.Run(ctx) }, func(error) { cancel() })
 	return nil
-}
-
-// readCheckpoint reads id's checkpoint from the compacted topic (nil when
-// there is none).
-func readCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id publisher.Identity) (*publisher.Checkpoint, error) {
-	if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
-		return nil, err
-	}
-	all, err := kafka.ReadCompacted(ctx, kcfg, topic)
-	if err != nil {
-		return nil, err
-	}
-	v, ok := all[id.Key()]
-	if !ok {
-		return nil, nil
-	}
-	return publisher.ParseCheckpoint(v)
 }
 
 // prepare checks the database and ensures the publication and the slot. It

@@ -20,12 +20,7 @@ type KafkaEnv struct {
 func Kafka(t testing.TB) *KafkaEnv {
 	t.Helper()
 	needServers(t)
-	var brokers []string
-	for _, b := range strings.Split(setting(kafkaBrokersVar), ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			brokers = append(brokers, b)
-		}
-	}
+	brokers := KafkaBrokers()
 	if len(brokers) == 0 {
 		unavailable(t, hintKafka, "Kafka is not configured: %s is unset and no %s was found", kafkaBrokersVar, envFileName)
 	}
@@ -36,6 +31,18 @@ func Kafka(t testing.TB) *KafkaEnv {
 	}
 	_ = admin.Close()
 	return k
+}
+
+// KafkaBrokers are the shared Kafka's brokers (OUTBOXD_KAFKA_BROKERS, else
+// .devstack.env's), none when neither sets them.
+func KafkaBrokers() []string {
+	var brokers []string
+	for _, b := range strings.Split(setting(kafkaBrokersVar), ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			brokers = append(brokers, b)
+		}
+	}
+	return brokers
 }
 
 // Config returns a base sarama config for the test cluster: Version set for
@@ -57,28 +64,40 @@ func (k *KafkaEnv) Config() *sarama.Config {
 // deletes the topic at cleanup.
 func (k *KafkaEnv) Topic(t testing.TB, prefix string, partitions int32) string {
 	t.Helper()
+	name, err := k.CreateTopic(prefix, partitions)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := k.DeleteTopic(name); err != nil {
+			t.Logf("testenv: %v", err) // harmless: topic names are unique
+		}
+	})
+	return name
+}
+
+// CreateTopic is Topic for a program that is not a test (bench/): the
+// caller deletes the topic (DeleteTopic). A topic whose partitions get no
+// leader is deleted again and reported.
+func (k *KafkaEnv) CreateTopic(prefix string, partitions int32) (string, error) {
 	if partitions < 1 {
 		partitions = 1
 	}
 	name := UniqueName(prefix)
 	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
 	if err != nil {
-		t.Fatalf("testenv: kafka admin: %v", err)
+		return "", fmt.Errorf("kafka admin: %w", err)
 	}
 	defer admin.Close()
 	detail := &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}
 	if err := admin.CreateTopic(name, detail, false); err != nil {
-		t.Fatalf("testenv: create topic %s: %v", name, err)
+		return "", fmt.Errorf("create topic %s: %w", name, err)
 	}
-	t.Cleanup(func() {
-		if err := k.deleteTopic(name); err != nil {
-			t.Logf("testenv: %v", err) // harmless: topic names are unique
-		}
-	})
 	if err := waitForLeaders(admin, name, int(partitions), 30*time.Second); err != nil {
-		t.Fatalf("testenv: %v", err)
+		_ = admin.DeleteTopic(name)
+		return "", err
 	}
-	return name
+	return name, nil
 }
 
 // waitForLeaders polls the topic's metadata until all partitions have a leader.
@@ -102,7 +121,8 @@ func waitForLeaders(admin sarama.ClusterAdmin, topic string, partitions int, tim
 	}
 }
 
-func (k *KafkaEnv) deleteTopic(name string) error {
+// DeleteTopic deletes a topic.
+func (k *KafkaEnv) DeleteTopic(name string) error {
 	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
 	if err != nil {
 		return fmt.Errorf("delete topic %s: %w", name, err)

@@ -24,7 +24,7 @@ type PG struct {
 func Postgres(t testing.TB) *PG {
 	t.Helper()
 	needServers(t)
-	admin := setting(pgDSNVar)
+	admin := PostgresDSN()
 	if admin == "" {
 		unavailable(t, hintPG, "PostgreSQL is not configured: %s is unset and no %s was found", pgDSNVar, envFileName)
 	}
@@ -36,21 +36,45 @@ func Postgres(t testing.TB) *PG {
 	}
 	defer conn.Close(ctx)
 
-	name := UniqueName(t.Name())
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("testenv: create database %s: %v", name, err)
-	}
-	dsn, err := withParam(admin, "dbname", name)
+	p, err := createDatabase(ctx, conn, admin, t.Name())
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	p := &PG{DSN: dsn, Database: name, AdminDSN: admin}
 	t.Cleanup(func() {
-		if err := p.drop(); err != nil {
+		if err := p.Drop(); err != nil {
 			t.Errorf("testenv: %v", err)
 		}
 	})
 	return p
+}
+
+// PostgresDSN is the shared PostgreSQL's maintenance DSN (OUTBOXD_PG_DSN,
+// else .devstack.env's), "" when neither sets it.
+func PostgresDSN() string { return setting(pgDSNVar) }
+
+// CreateDatabase creates a fresh database named from prefix (UniqueName) on
+// the server of adminDSN, for a program that is not a test (bench/): Postgres
+// without the testing.TB. The caller drops it (Drop).
+func CreateDatabase(ctx context.Context, adminDSN, prefix string) (*PG, error) {
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer conn.Close(context.Background())
+	return createDatabase(ctx, conn, adminDSN, prefix)
+}
+
+// createDatabase creates the database on admin, a connection to adminDSN.
+func createDatabase(ctx context.Context, admin *pgx.Conn, adminDSN, prefix string) (*PG, error) {
+	name := UniqueName(prefix)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	dsn, err := withParam(adminDSN, "dbname", name)
+	if err != nil {
+		return nil, err
+	}
+	return &PG{DSN: dsn, Database: name, AdminDSN: adminDSN}, nil
 }
 
 // ReplicationDSN returns DSN with replication=database, for a logical
@@ -96,11 +120,11 @@ func (p *PG) Exec(t testing.TB, sql string, args ...any) {
 	}
 }
 
-// drop removes the test's database. A database with replication slots
+// Drop removes the database (Postgres's cleanup does it for a test). A database with replication slots
 // cannot be dropped, and an active slot cannot be dropped, so: terminate the
 // database's backends (walsenders included), drop its slots, retrying while
 // terminated walsenders let go, then DROP DATABASE ... WITH (FORCE).
-func (p *PG) drop() error {
+func (p *PG) Drop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, p.AdminDSN)

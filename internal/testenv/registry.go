@@ -98,7 +98,7 @@ func startRegistry() (*RegistryServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -130,8 +130,8 @@ func (s *RegistryServer) Start() {
 	}
 }
 
-// freePort asks the kernel for a free port on 127.0.0.1.
-func freePort() (int, error) {
+// FreePort asks the kernel for a free port on 127.0.0.1 (free a moment ago).
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("free port: %w", err)

@@ -16,9 +16,7 @@ import (
 	"bufio"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -58,15 +56,15 @@ func setting(name string) string {
 	return devstackEnv()[name]
 }
 
-// findUp looks for name in dir and its parents, up to the folder that holds
-// go.mod (the repo root), and returns its path.
+// findUp looks for name in dir and its parents, up to the repo root (see
+// isRepoRoot), and returns its path.
 func findUp(dir, name string) (string, bool) {
 	for {
 		p := filepath.Join(dir, name)
 		if _, err := os.Stat(p); err == nil {
 			return p, true
 		}
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+		if isRepoRoot(dir) {
 			return "", false
 		}
 		parent := filepath.Dir(dir)
@@ -136,23 +134,49 @@ func unavailable(t testing.TB, hint, format string, args ...any) {
 	t.Skipf("testenv: %s", msg)
 }
 
-// RepoRoot returns the folder holding go.mod, found from the working directory up.
+// modulePath is the main module's path: its go.mod marks the repo root. A
+// nested module (bench/) has a go.mod of its own, which the search passes.
+const modulePath = "github.com/outboxd/outboxd"
+
+// isRepoRoot reports whether dir holds the go.mod of modulePath.
+func isRepoRoot(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`) == modulePath
+		}
+	}
+	return false
+}
+
+// FindRepoRoot returns the repo root (the folder holding the main module's
+// go.mod), found from dir up.
+func FindRepoRoot(dir string) (string, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		if isRepoRoot(d) {
+			return d, nil
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no go.mod of %s above %s: run from the outboxd repo", modulePath, dir)
+		}
+	}
+}
+
+// RepoRoot returns the repo root, found from the working directory up.
 func RepoRoot(t testing.TB) string {
 	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatalf("testenv: working directory: %v", err)
 	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			t.Fatalf("testenv: looking for go.mod: %v", err)
-		}
-		if filepath.Dir(dir) == dir {
-			t.Fatalf("testenv: no go.mod above %s", wd)
-		}
+	root, err := FindRepoRoot(wd)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
 	}
+	return root
 }
 
 // UniqueName returns prefix, lowercased and reduced to [a-z0-9_] (at most 40
