@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
@@ -104,21 +106,11 @@ func (r *runner) latencyCell(ctx context.Context, s source, l load) (res latency
 		r.logf("  %s at %s: %v", s.Name, l, err)
 		return res
 	}
-	db, err := createDatabase(ctx, r.stack, "bench")
+	db, topic, conn, cleanup, err := r.cellEnv(ctx, "bench")
 	if err != nil {
 		return fail(err)
 	}
-	defer db.drop()
-	topic, err := createTopic(r.stack, "bench", r.plan.Partitions)
-	if err != nil {
-		return fail(err)
-	}
-	defer deleteTopic(r.stack, topic)
-	conn, err := db.connect(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	defer conn.Close(context.Background())
+	defer cleanup()
 
 	clk := clock{base: time.Now()}
 	cons, err := startConsumer(r.stack, topic, clk)
@@ -387,4 +379,27 @@ func analyse(res *latencyResult, rows []written, parts [][]receipt) {
 func quantile(sorted []float64, q float64) float64 {
 	i := int(float64(len(sorted))*q+0.999999) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// cellEnv is a cell's own database (migrated), topic (the plan's
+// partitions) and a connection to the database; cleanup closes, deletes and
+// drops them, last first. On an error nothing is left behind.
+func (r *runner) cellEnv(ctx context.Context, prefix string) (db *database, topic string, conn *pgx.Conn, cleanup func(), err error) {
+	if db, err = createDatabase(ctx, r.stack, prefix); err != nil {
+		return nil, "", nil, nil, err
+	}
+	if topic, err = createTopic(r.stack, prefix, r.plan.Partitions); err != nil {
+		db.drop()
+		return nil, "", nil, nil, err
+	}
+	if conn, err = db.connect(ctx); err != nil {
+		deleteTopic(r.stack, topic)
+		db.drop()
+		return nil, "", nil, nil, err
+	}
+	return db, topic, conn, func() {
+		conn.Close(context.Background())
+		deleteTopic(r.stack, topic)
+		db.drop()
+	}, nil
 }

@@ -45,21 +45,11 @@ func (r *runner) takeovers(ctx context.Context) []takeoverResult {
 func (r *runner) takeover(ctx context.Context, s source) (res takeoverResult) {
 	res = takeoverResult{RTTMs: ms(r.rtt), Source: s.Name}
 	fail := func(err error) takeoverResult { res.Err = err.Error(); return res }
-	db, err := createDatabase(ctx, r.stack, "takeover")
+	db, topic, conn, cleanup, err := r.cellEnv(ctx, "takeover")
 	if err != nil {
 		return fail(err)
 	}
-	defer db.drop()
-	topic, err := createTopic(r.stack, "takeover", r.plan.Partitions)
-	if err != nil {
-		return fail(err)
-	}
-	defer deleteTopic(r.stack, topic)
-	conn, err := db.connect(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	defer conn.Close(context.Background())
+	defer cleanup()
 	cons, err := startConsumer(r.stack, topic, clock{base: time.Now()})
 	if err != nil {
 		return fail(err)

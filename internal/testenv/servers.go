@@ -204,13 +204,13 @@ func stack(args ...string) error {
 	if err != nil {
 		return fmt.Errorf("dev/stack: %w", err)
 	}
-	goMod, ok := findUp(wd, "go.mod")
-	if !ok {
-		return fmt.Errorf("dev/stack: no go.mod above %s", wd)
+	root, err := FindRepoRoot(wd)
+	if err != nil {
+		return fmt.Errorf("dev/stack: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(goMod), "dev", "stack"), args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(root, "dev", "stack"), args...)
 	cmd.WaitDelay = 5 * time.Second // never wait on a server that kept our stdout
 	out, err := cmd.CombinedOutput()
 	if err != nil {
