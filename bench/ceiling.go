@@ -26,7 +26,7 @@ type ceilingOutput struct {
 
 // confirmAsRead is a replication.Gate that confirms every transaction as
 // soon as its commit is read: the stream with no sink at all (and no
-// budget: RunGated's is nil).
+// budget: Run's is nil).
 type confirmAsRead struct {
 	lsn  atomic.Uint64
 	done chan struct{}
@@ -39,7 +39,7 @@ func (c *confirmAsRead) Done() <-chan struct{}    { return c.done }
 func (c *confirmAsRead) Confirmable(want pglogrepl.LSN) pglogrepl.LSN { return want }
 
 // ceilingMain reads want events from the slot with the replication reader
-// (replication.Open, Stream.RunGated: receive, decode) and no Kafka, and prints
+// (replication.Open, Stream.Run: receive, decode) and no Kafka, and prints
 // how long it took. The ceiling any CDC publisher built on it can reach.
 func ceilingMain(args []string) int {
 	started := time.Now()
@@ -67,7 +67,7 @@ func ceilingMain(args []string) int {
 	readCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.RunGated(readCtx, out, prog, nil) }()
+	go func() { runErr <- s.Run(readCtx, out, prog, nil) }()
 	n := 0
 	var last time.Time
 	for m := range out {

@@ -119,7 +119,7 @@ func profileDrains(ctx context.Context, st stack, p plan, dir string, logf func(
 			prog := &confirmAsRead{done: make(chan struct{})}
 			out := make(chan replication.Message, 1024)
 			res := make(chan error, 1)
-			go func() { res <- s.RunGated(ctx, out, prog, nil) }()
+			go func() { res <- s.Run(ctx, out, prog, nil) }()
 			for m := range out {
 				switch m.Kind {
 				case replication.KindEvent:
@@ -327,7 +327,7 @@ func readerLag(ctx context.Context, st stack, p plan, l load, logf func(string, 
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.RunGated(rctx, out, prog, nil) }()
+	go func() { runErr <- s.Run(rctx, out, prog, nil) }()
 	bySec := map[int][]float64{}
 	read := make(chan struct{})
 	began := time.Now()

@@ -20,7 +20,7 @@ import (
 )
 
 // The bare replication reader as a source (issue 26's sustained floor): the
-// reader alone (replication.Open + Stream.RunGated: receive, decode, confirm each
+// reader alone (replication.Open + Stream.Run: receive, decode, confirm each
 // commit as read; no Kafka) in a process of its own, through the same rate
 // search as outboxd. Its latency is commit return → the reader has the
 // event; outboxd's is commit return → the record in Kafka, so outboxd's
@@ -59,7 +59,7 @@ func readerMain(args []string) int {
 	prog := &confirmAsRead{done: make(chan struct{})}
 	out := make(chan replication.Message, 1024)
 	runErr := make(chan error, 1)
-	go func() { runErr <- s.RunGated(ctx, out, prog, nil) }()
+	go func() { runErr <- s.Run(ctx, out, prog, nil) }()
 	w := bufio.NewWriterSize(f, 1<<16)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()

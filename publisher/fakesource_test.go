@@ -164,7 +164,7 @@ func (f *fakeSource) Close() { f.closed = true }
 
 var errFakeStopped = errors.New("fake source: stopped")
 
-func (f *fakeSource) RunGated(ctx context.Context, out chan<- replication.Message, progress replication.Gate, _ replication.Budget) error {
+func (f *fakeSource) Run(ctx context.Context, out chan<- replication.Message, progress replication.Gate, _ replication.Budget) error {
 	err := f.receive(ctx, out, progress)
 	close(out)
 	if errors.Is(err, errFakeStopped) {

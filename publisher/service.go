@@ -26,11 +26,11 @@ type Source interface {
 	Slot() string
 	// BackendPID is the server process of the replication connection.
 	BackendPID() int
-	// RunGated delivers messages to out and closes it when it stops
+	// Run delivers messages to out and closes it when it stops
 	// reading (ctx cancelled or failure); it keeps confirming what gate
 	// says may be confirmed until gate.Done() is closed, and takes room
 	// from budget for every event it hands over.
-	RunGated(ctx context.Context, out chan<- replication.Message, gate replication.Gate, budget replication.Budget) error
+	Run(ctx context.Context, out chan<- replication.Message, gate replication.Gate, budget replication.Budget) error
 	Close()
 }
 
@@ -236,7 +236,7 @@ func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod outbox.P
 
 	out := make(chan replication.Message, 1024)
 	streamErr := make(chan error, 1)
-	go func() { streamErr <- src.RunGated(readCtx, out, pl.Gate(), pl) }()
+	go func() { streamErr <- src.Run(readCtx, out, pl.Gate(), pl) }()
 	s.sup.Running()
 
 	plErr := pl.Run(hardCtx, out)

@@ -83,7 +83,7 @@ func TestStreamTakesRoomBeforeHandingOver(t *testing.T) {
 func startBudgetRun(t *testing.T, f *fakeServer, s *Stream, p *budgetProgress) *running {
 	t.Helper()
 	r := &running{t: t, out: make(chan Message, 16), progress: p.fakeProgress, err: make(chan error, 1), started: time.Now()}
-	go func() { r.err <- s.RunGated(t.Context(), r.out, p, p) }()
+	go func() { r.err <- s.Run(t.Context(), r.out, p, p) }()
 	t.Cleanup(func() {
 		p.finish()
 		f.close()

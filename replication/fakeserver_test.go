@@ -366,7 +366,7 @@ func startRun(t *testing.T, f *fakeServer, s *Stream, outCap int, progress *fake
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{t: t, out: make(chan Message, outCap), progress: progress, cancel: cancel,
 		err: make(chan error, 1), started: time.Now()}
-	go func() { r.err <- s.RunGated(ctx, r.out, progress, nil) }()
+	go func() { r.err <- s.Run(ctx, r.out, progress, nil) }()
 	t.Cleanup(func() {
 		// Run owns the connection until it returns: end it from the
 		// server's side, never by closing the stream under it.

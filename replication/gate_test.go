@@ -33,7 +33,7 @@ func TestStreamConfirmsOnlyWhatTheGateAllows(t *testing.T) {
 	g.capAt.Store(0x1000)
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- s.RunGated(ctx, make(chan Message, 16), g, nil) }()
+	go func() { errc <- s.Run(ctx, make(chan Message, 16), g, nil) }()
 	t.Cleanup(func() {
 		cancel()
 		g.finish()
@@ -41,7 +41,7 @@ func TestStreamConfirmsOnlyWhatTheGateAllows(t *testing.T) {
 		select {
 		case <-errc:
 		case <-time.After(5 * time.Second):
-			t.Error("RunGated did not return after the test")
+			t.Error("Run did not return after the test")
 		}
 	})
 

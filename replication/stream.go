@@ -27,7 +27,7 @@ type Stream struct {
 	dbOID  uint32
 }
 
-// RunGated receives, decodes and delivers outbox messages to out, in commit
+// Run receives, decodes and delivers outbox messages to out, in commit
 // order, until ctx is cancelled or the connection fails. It closes out when
 // it stops reading. Every status update confirms what gate says may be
 // confirmed; budget (nil: none) bounds the bytes of events handed over.
@@ -43,7 +43,7 @@ type Stream struct {
 // Run returns an error wrapping ErrServerSilent when the server sends
 // nothing for StreamConfig.ServerTimeout of waiting for it; time blocked on
 // a full out does not count.
-func (s *Stream) RunGated(ctx context.Context, out chan<- Message, gate Gate, budget Budget) error {
+func (s *Stream) Run(ctx context.Context, out chan<- Message, gate Gate, budget Budget) error {
 	st := &streamState{received: s.start, lastCommitEnd: s.start, budget: budget}
 	err := s.receive(ctx, out, gate, st)
 	close(out)
