@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 )
 
@@ -33,6 +35,21 @@ func addHTTPServer(g *run.Group, addr string, h http.Handler, logger *zap.Logger
 		_ = srv.Shutdown(ctx)
 	})
 	return nil
+}
+
+// baseMux serves what the HTTP server of either source has: /metrics,
+// /healthz (the process answers) and, with withPprof, the profiler. Each
+// source adds its own /readyz.
+func baseMux(reg *prometheus.Registry, withPprof bool) *http.ServeMux {
+	mux := http.NewServeMux()
+	if withPprof {
+		addPprof(mux)
+	}
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
 }
 
 // addPprof serves Go's profiler under /debug/pprof/ on mux (--pprof): CPU,

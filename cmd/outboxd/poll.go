@@ -17,7 +17,6 @@ import (
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
@@ -113,14 +112,7 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 }
 
 func pollHealthMux(reg *prometheus.Registry, p *poll.Poller, withPprof bool) *http.ServeMux {
-	mux := http.NewServeMux()
-	if withPprof {
-		addPprof(mux)
-	}
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
+	mux := baseMux(reg, withPprof)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if st := p.State(); st != outbox.StateStreaming {
 			w.WriteHeader(http.StatusServiceUnavailable)

@@ -15,7 +15,6 @@ import (
 	"github.com/oklog/run"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/kafka"
@@ -161,14 +160,7 @@ func prepare(ctx context.Context, o *options, logger *zap.Logger) (slotCreated b
 // (the body says which), 503 while starting, restarting after an error, or
 // stopped.
 func healthMux(reg *prometheus.Registry, svc *publisher.Service, slotName string, stallTimeout time.Duration, withPprof bool) *http.ServeMux {
-	mux := http.NewServeMux()
-	if withPprof {
-		addPprof(mux)
-	}
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
+	mux := baseMux(reg, withPprof)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := svc.State()
 		switch st {
