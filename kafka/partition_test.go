@@ -230,3 +230,15 @@ func TestKafkaProducerCloseDoesNotWaitForAReader(t *testing.T) {
 		t.Fatalf("%d records back, want %d", len(seen), n)
 	}
 }
+
+// inFlight with records queued behind its batch: still no work. The records
+// wait for the batch's answer: one batch per partition in flight (rule 1).
+func TestPartitionInFlightWithQueuedRecordsHasNoWork(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1)
+	ps.take(p)
+	queued(p, ps, 2, 3)
+	if ps.hasWork() {
+		t.Fatal("a partition in flight with queued records has work: a second batch would go out before the first's answer")
+	}
+}
