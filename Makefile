@@ -174,7 +174,7 @@ bench-sustained: deps
 	$(BUILD_BENCH); \
 	$(BENCH) -outboxd bin/outboxd -only sustained -out bin/bench-sustained
 
-## bench-network: issue 26's matrix (~25 min): the latency cells, a hot
+## bench-network: issue 26's matrix (~14 min on a quiet machine): the latency cells, a hot
 ## aggregate and the 1,000,000-row drain at RTT 0, 1 and 5 ms between the
 ## publishers and a broker of its own (bin/bench-network/kafka) that
 ## advertises a proxy (dev/stack proxy-start, internal/netproxy); PostgreSQL
