@@ -233,17 +233,23 @@ func slotHeldBy(pid *atomic.Int64) func(context.Context, int) error {
 	}
 }
 
+// heldSlotHarness is a service over a slot with one event whose slot process
+// 4242 holds until holder is set to 0.
+func heldSlotHarness(t *testing.T) (*fakeServer, *atomic.Int64, *svcHarness) {
+	srv := newFakeServer(0x10)
+	srv.commit(0x100, event(1, "a", "t"))
+	holder := new(atomic.Int64)
+	holder.Store(4242)
+	srv.onOpen = slotHeldBy(holder)
+	return srv, holder, newSvcHarness(t, srv, newSvcKafka(nil))
+}
+
 // Rule: while another process holds the slot the service is a standby
 // (State, the Standby gauge) and says so once, not on every poll; when the
 // slot frees up it takes over and streams. Waiting as a standby is not a
 // restart.
 func TestServiceWaitsAsStandbyWhileAnotherProcessHoldsTheSlot(t *testing.T) {
-	srv := newFakeServer(0x10)
-	srv.commit(0x100, event(1, "a", "t"))
-	var holder atomic.Int64
-	holder.Store(4242)
-	srv.onOpen = slotHeldBy(&holder)
-	h := newSvcHarness(t, srv, newSvcKafka(nil))
+	srv, holder, h := heldSlotHarness(t)
 	h.start(svcConfig())
 	waitUntil(t, "several standby polls", func() bool { return srv.numOpens() >= 5 })
 	if st := h.svc.State(); st != outbox.StateStandby {
@@ -276,12 +282,7 @@ func TestServiceWaitsAsStandbyWhileAnotherProcessHoldsTheSlot(t *testing.T) {
 // let go, not a standby poll interval later (here an hour: without the
 // release check the takeover below never happens).
 func TestServiceStandbyTakesOverWhenTheSlotIsReleased(t *testing.T) {
-	srv := newFakeServer(0x10)
-	srv.commit(0x100, event(1, "a", "t"))
-	var holder atomic.Int64
-	holder.Store(4242)
-	srv.onOpen = slotHeldBy(&holder)
-	h := newSvcHarness(t, srv, newSvcKafka(nil))
+	srv, holder, h := heldSlotHarness(t)
 	waiting := make(chan int, 1)
 	released := make(chan struct{})
 	h.deps.AwaitSlotRelease = func(ctx context.Context, slot string, pid int) error {
