@@ -57,8 +57,11 @@ func consume(t *testing.T, brokers []string, topic string, want int) []*kgo.Reco
 // consumeUntil reads topic (read_committed) until done says it has enough.
 func consumeUntil(t *testing.T, brokers []string, topic string, done func([]*kgo.Record) bool) []*kgo.Record {
 	t.Helper()
+	// A short max wait: kfake can hold a first Fetch for its whole max wait
+	// although committed records are there (see kafka's readCommitted).
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
