@@ -10,6 +10,8 @@ import (
 
 	"github.com/IBM/sarama"
 	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 // Producer is outboxd's Kafka producer: Kafka's idempotent producer
@@ -227,13 +229,7 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 	if cfg.TransactionalID != "" {
 		err = p.initTransactional()
 	} else {
-		var resp *sarama.InitProducerIDResponse
-		if resp, err = client.InitProducerID(); err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
-			err = resp.Err
-		}
-		if err == nil {
-			p.pid, p.epoch = resp.ProducerID, resp.ProducerEpoch
-		}
+		err = p.initIdempotent()
 	}
 	if err != nil {
 		client.Close()
@@ -241,6 +237,31 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 	}
 	go p.run()
 	return p, nil
+}
+
+// initIdempotent gets the idempotent producer's id and epoch. A broker that
+// has just started answers COORDINATOR_LOAD_IN_PROGRESS until it holds a
+// block of producer ids: that and the other retriable answers are asked
+// again with backoff, up to the delivery timeout.
+func (p *Producer) initIdempotent() error {
+	deadline := time.Now().Add(p.cfg.DeliveryTimeout)
+	for attempt := 1; ; attempt++ {
+		resp, err := p.client.InitProducerID()
+		if err == nil && !errors.Is(resp.Err, sarama.ErrNoError) {
+			err = resp.Err
+		}
+		if err == nil {
+			p.pid, p.epoch = resp.ProducerID, resp.ProducerEpoch
+			return nil
+		}
+		if !coordinatorRetriable(err) || time.Now().After(deadline) {
+			return err
+		}
+		if attempt == 1 || attempt%10 == 0 {
+			p.log.Warn("kafka: init producer id failed; retrying", zap.Int("attempt", attempt), zap.Error(err))
+		}
+		time.Sleep(backoff.Jitter(backoff.Exponential(p.cfg.RetryBackoff, p.cfg.RetryBackoffMax, attempt)))
+	}
 }
 
 func produceVersion(v sarama.KafkaVersion) int16 {
