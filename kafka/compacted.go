@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 // EnsureCompactedTopic creates topic as a compacted topic with one partition
@@ -71,8 +73,17 @@ func EnsureCompactedTopic(cfg Config, topic string) error {
 // Markers stay in a compacted log while any record of their transaction
 // does (the log cleaner removes a marker only after its transaction's
 // records), so a record whose marker is never read is open.
+//
+// A read can be stale: a leader paused past its session (a long GC, a
+// frozen VM) is replaced, and for a moment after it wakes it still answers
+// as the leader, with the log as it was when it stopped — a checkpoint read
+// there is older than what was committed since, which reads as a gap (or
+// re-publishes what is in Kafka). A caller that wrote a record to the topic
+// just before reading (a barrier: acks=all, so a real leader took it) passes
+// it: a partition whose high watermark is not past its barrier is answered
+// by such a leader, and is asked again with fresh metadata until it is.
 // cfg.CheckpointReadTimeout bounds the whole read.
-func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]byte, error) {
+func ReadCompacted(ctx context.Context, cfg Config, topic string, barriers ...Barrier) (map[string][]byte, error) {
 	sc, err := cfg.Sarama()
 	if err != nil {
 		return nil, err
@@ -90,9 +101,12 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 	}
 	latest := map[string]keyValue{}
 	for _, p := range parts {
-		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		hwm, err := highWatermarkPast(ctx, client, topic, p, barrierOf(barriers, p))
 		if err != nil {
-			return nil, fmt.Errorf("kafka: %s/%d high watermark: %w", topic, p, err)
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("kafka: reading %s/%d did not finish within %s (--checkpoint-read-timeout): %w", topic, p, cfg.CheckpointReadTimeout, err)
+			}
+			return nil, err
 		}
 		r := &partitionReader{client: client, topic: topic, part: p, hwm: hwm}
 		if err := r.read(ctx, latest); err != nil {
@@ -109,6 +123,61 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string) (map[string][]
 		}
 	}
 	return out, nil
+}
+
+// A Barrier is a record its reader wrote to the topic just before reading
+// it (Partition and Offset as the producer returned them): the read must
+// reach past it.
+type Barrier struct {
+	Partition int32
+	Offset    int64
+}
+
+// barrierOf is the offset the read of partition p must reach past (-1: none).
+func barrierOf(barriers []Barrier, p int32) int64 {
+	at := int64(-1)
+	for _, b := range barriers {
+		if b.Partition == p {
+			at = max(at, b.Offset)
+		}
+	}
+	return at
+}
+
+// StaleLeaderError is a partition whose leader answered a high watermark
+// not past the barrier its reader wrote: a leader that was replaced and does
+// not know it yet. Asked again with fresh metadata until the read's timeout.
+type StaleLeaderError struct {
+	Topic         string
+	Partition     int32
+	HighWatermark int64
+	Barrier       int64
+}
+
+func (e *StaleLeaderError) Error() string {
+	return fmt.Sprintf("kafka: %s/%d: its leader answered the high watermark %d, not past the record written at offset %d just before the read: a replaced leader that does not know it yet (its log is older than what is committed)",
+		e.Topic, e.Partition, e.HighWatermark, e.Barrier)
+}
+
+// highWatermarkPast is the partition's high watermark, asked again with fresh
+// metadata (backing off, until ctx ends) while it is not past barrier.
+func highWatermarkPast(ctx context.Context, client sarama.Client, topic string, p int32, barrier int64) (int64, error) {
+	for attempt := 1; ; attempt++ {
+		hwm, err := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err != nil {
+			return 0, fmt.Errorf("kafka: %s/%d high watermark: %w", topic, p, err)
+		}
+		if hwm > barrier {
+			return hwm, nil
+		}
+		stale := &StaleLeaderError{Topic: topic, Partition: p, HighWatermark: hwm, Barrier: barrier}
+		if !backoff.Sleep(ctx, backoff.Exponential(10*time.Millisecond, time.Second, attempt)) {
+			return 0, fmt.Errorf("%w: %w", stale, ctx.Err())
+		}
+		if err := client.RefreshMetadata(topic); err != nil {
+			return 0, fmt.Errorf("%w: refresh metadata: %w", stale, err)
+		}
+	}
 }
 
 // keyValue is a key's latest committed value (nil: a tombstone) and its offset.

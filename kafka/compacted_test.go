@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -68,6 +69,49 @@ func TestReadCompactedIsNotHeldByOthersOpenTransactions(t *testing.T) {
 	}
 	if string(got["a"]) != "3" || string(got["other"]) != "open" {
 		t.Fatalf("after both commits ReadCompacted = %q, want a=3 other=open", got)
+	}
+}
+
+// A read told of a barrier (a record its reader wrote just before) never
+// answers from a log that does not hold it: that is the log of a leader
+// replaced while it was paused, older than what was committed since. Here
+// the partition's high watermark stands at the barrier's offset, as such a
+// leader would answer: the read keeps asking and then fails with a
+// StaleLeaderError instead of returning the older value. Once the log
+// holds the barrier, the read returns what it holds.
+func TestReadCompactedDoesNotAnswerFromALogWithoutItsBarrier(t *testing.T) {
+	f := startFakeKafka(t, 1, "cp")
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	put := func(key string, value []byte) *Record {
+		r := &Record{Topic: "cp", Key: []byte(key), Value: value}
+		sendAll(t, p, r)
+		if r := results(t, p, 1)[0]; r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		return r
+	}
+	put("a", []byte("1"))
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.CheckpointReadTimeout = 300 * time.Millisecond
+	next := f.c.PartitionInfo("cp", 0).HighWatermark // where the next record lands
+	got, err := ReadCompacted(context.Background(), cfg, "cp", Barrier{Partition: 0, Offset: next})
+	var stale *StaleLeaderError
+	if !errors.As(err, &stale) {
+		t.Fatalf("ReadCompacted past a barrier the log does not hold = %q, %v; want a *StaleLeaderError", got, err)
+	}
+	if stale.HighWatermark != next || stale.Barrier != next {
+		t.Fatalf("StaleLeaderError = %+v, want high watermark and barrier %d", stale, next)
+	}
+	t.Logf("%v", err)
+
+	put("a", []byte("2"))
+	b := put("a/read-barrier", nil) // a tombstone, as the publisher writes
+	got, err = ReadCompacted(context.Background(), cfg, "cp", Barrier{Partition: b.Partition, Offset: b.Offset})
+	if err != nil {
+		t.Fatalf("ReadCompacted past a barrier the log holds: %v", err)
+	}
+	if string(got["a"]) != "2" || len(got) != 1 {
+		t.Fatalf("ReadCompacted = %q, want only a=2 (the barrier is a tombstone)", got)
 	}
 }
 

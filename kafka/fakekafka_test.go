@@ -82,6 +82,10 @@ func recordValues(b []byte, n int) []string {
 		}
 		vl, k := binary.Varint(rec)
 		rec = rec[k:]
+		if vl < 0 { // null: a tombstone
+			out = append(out, "")
+			continue
+		}
 		out = append(out, string(rec[:vl]))
 	}
 	return out

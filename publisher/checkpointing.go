@@ -170,17 +170,42 @@ func resetCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id I
 // exactly-once mode, commits it, so prod must be Transactional then):
 // outboxd checkpoint reset.
 func WriteCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id Identity, cp Checkpoint) error {
-	at := cp.EndLSN
+	r, err := checkpointRecord(cfg.CheckpointTopic, id, cp)
+	if err != nil {
+		return err
+	}
+	if err := writeCommitted(ctx, prod, cfg, r); err != nil {
+		return fmt.Errorf("publisher: reset the checkpoint to %s: %w", cp.EndLSN, err)
+	}
+	return nil
+}
+
+// writeReadBarrier writes a tombstone under the identity's barrier key to
+// the checkpoint topic (committed, in exactly-once mode) before the
+// session reads its checkpoint, and returns where it landed: the read must
+// reach past it. A leader that was replaced while it was paused answers for
+// a moment with the log it had then — a checkpoint older than the one
+// committed since, which would read as a gap between the slot and the
+// checkpoint (a halt) or re-publish what Kafka holds. The barrier was taken
+// by a real leader (acks=all), so a log that holds it holds every
+// checkpoint before it. A tombstone: no reader ever takes it for a value.
+func writeReadBarrier(ctx context.Context, prod outbox.Producer, cfg Config, id Identity) ([]kafka.Barrier, error) {
+	r := &kafka.Record{Topic: cfg.CheckpointTopic, Key: []byte(id.Key() + "/read-barrier"), Timestamp: time.Now()}
+	if err := writeCommitted(ctx, prod, cfg, r); err != nil {
+		return nil, fmt.Errorf("publisher: write the checkpoint read barrier to %q: %w", cfg.CheckpointTopic, err)
+	}
+	return []kafka.Barrier{{Partition: r.Partition, Offset: r.Offset}}, nil
+}
+
+// writeCommitted sends r, waits for its acknowledgement and, in exactly-once
+// mode, commits it (prod must be Transactional then).
+func writeCommitted(ctx context.Context, prod outbox.Producer, cfg Config, r *kafka.Record) error {
 	var tp Transactional
 	if cfg.Delivery == ExactlyOnce {
 		var ok bool
 		if tp, ok = prod.(Transactional); !ok {
 			return fmt.Errorf("publisher: exactly-once checkpoints need a transactional producer (Commit, Abort), got %T", prod)
 		}
-	}
-	r, err := checkpointRecord(cfg.CheckpointTopic, id, cp)
-	if err != nil {
-		return err
 	}
 	done := make(chan *kafka.Record, 1)
 	r.Done = done
@@ -190,14 +215,14 @@ func WriteCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id I
 	select {
 	case r := <-done:
 		if r.Err != nil {
-			return fmt.Errorf("publisher: reset the checkpoint to %s: %w", at, r.Err)
+			return r.Err
 		}
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 	if tp != nil {
 		if err := tp.Commit(ctx); err != nil {
-			return fmt.Errorf("publisher: commit the checkpoint reset to %s: %w", at, err)
+			return fmt.Errorf("commit: %w", err)
 		}
 	}
 	return nil

@@ -139,7 +139,7 @@ func TestEndToEndExactlyOnceThroughKafka(t *testing.T) {
 		c.TransactionalID = id.TransactionalID()
 		return kafka.NewProducer(c, zaptest.NewLogger(t), kafka.ProducerHooks{})
 	}
-	h.deps.ReadCheckpoint = func(context.Context, Identity) (*Checkpoint, error) { return nil, nil }
+	h.deps.ReadCheckpoint = func(context.Context, Identity, []kafka.Barrier) (*Checkpoint, error) { return nil, nil }
 	cfg := svcConfig()
 	cfg.Delivery, cfg.CheckpointTopic = ExactlyOnce, "cp"
 	h.start(cfg)
@@ -152,6 +152,9 @@ func TestEndToEndExactlyOnceThroughKafka(t *testing.T) {
 	var written pglogrepl.LSN
 	consumeUntil(t, brokers, "cp", func(rs []*kgo.Record) bool {
 		for _, r := range rs {
+			if r.Value == nil {
+				continue // a session's read barrier (writeReadBarrier)
+			}
 			cp, err := ParseCheckpoint(r.Value)
 			if err != nil {
 				t.Fatal(err)
@@ -162,5 +165,61 @@ func TestEndToEndExactlyOnceThroughKafka(t *testing.T) {
 	})
 	if written < confirmed {
 		t.Fatalf("the slot confirmed %s, the checkpoint topic holds only %s", confirmed, written)
+	}
+}
+
+// A session writes a read barrier to the checkpoint topic before it reads
+// its checkpoint, and tells the read where it landed: the read must reach
+// past it, so that a replaced leader still answering with its older log is
+// never taken for the topic (kafka.ReadCompacted). The barrier is a
+// tombstone under the identity's own barrier key.
+func TestSessionReadsItsCheckpointPastTheBarrierItWrote(t *testing.T) {
+	brokers := startKfake(t, "orders", "cp")
+	srv := newFakeServer(0)
+	commitOrders(srv, 5)
+	h := newSvcHarness(t, srv, nil)
+	h.deps.NewProducer = func(Identity) (outbox.Producer, error) {
+		return kafka.NewProducer(e2eKafkaConfig(brokers), zaptest.NewLogger(t), kafka.ProducerHooks{})
+	}
+	type read struct {
+		id      Identity
+		barrier []kafka.Barrier
+	}
+	reads := make(chan read, 16)
+	h.deps.ReadCheckpoint = func(_ context.Context, id Identity, barrier []kafka.Barrier) (*Checkpoint, error) {
+		reads <- read{id, barrier}
+		return nil, nil
+	}
+	cfg := svcConfig()
+	cfg.CheckpointTopic = "cp"
+	h.start(cfg)
+	checkOrders(t, consume(t, brokers, "orders", 10))
+	if err := h.stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	var r read
+	select {
+	case r = <-reads:
+	default:
+		t.Fatal("the session never read its checkpoint")
+	}
+	if len(r.barrier) != 1 || r.barrier[0].Offset < 0 {
+		t.Fatalf("ReadCheckpoint got the barrier %+v, want one record's position", r.barrier)
+	}
+	b := r.barrier[0]
+	var found *kgo.Record
+	consumeUntil(t, brokers, "cp", func(rs []*kgo.Record) bool {
+		for _, rec := range rs {
+			if rec.Partition == b.Partition && rec.Offset == b.Offset {
+				found = rec
+			}
+		}
+		return found != nil
+	})
+	if found == nil {
+		t.Fatalf("no record at the barrier's position %+v in the checkpoint topic", b)
+	}
+	if string(found.Key) != r.id.Key()+"/read-barrier" || found.Value != nil {
+		t.Fatalf("the record at the barrier is key %q value %q, want a tombstone under %q", found.Key, found.Value, r.id.Key()+"/read-barrier")
 	}
 }

@@ -44,8 +44,13 @@ type Deps struct {
 	// any older producer of the same slot).
 	NewProducer func(id Identity) (outbox.Producer, error)
 	// ReadCheckpoint, when set, reads the identity's checkpoint (nil when
-	// there is none yet): checkpoints are on.
-	ReadCheckpoint func(ctx context.Context, id Identity) (*Checkpoint, error)
+	// there is none yet): checkpoints are on. The session writes a read
+	// barrier to the checkpoint topic first (writeReadBarrier) and passes
+	// where it landed: the read must reach past it (kafka.ReadCompacted).
+	ReadCheckpoint func(ctx context.Context, id Identity, barrier []kafka.Barrier) (*Checkpoint, error)
+	// EnsureCheckpointTopic, when set, creates the checkpoint topic when it
+	// is missing, before the session writes its read barrier there.
+	EnsureCheckpointTopic func() error
 	// NewDeadLetterer, when set, connects the dead-letter producer. If the
 	// returned value is an io.Closer it is closed at the end of the session.
 	NewDeadLetterer func() (outbox.DeadLetterer, error)
@@ -269,7 +274,16 @@ func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod outbox.P
 // recorded), a gap refused unless accepted. It returns the session's
 // checkpoint state.
 func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Producer, id Identity) (*checkpointing, error) {
-	c, err := s.deps.ReadCheckpoint(ctx, id)
+	if s.deps.EnsureCheckpointTopic != nil {
+		if err := s.deps.EnsureCheckpointTopic(); err != nil {
+			return nil, fmt.Errorf("%w: %w", errProducerOpen, err)
+		}
+	}
+	barrier, err := writeReadBarrier(ctx, prod, s.cfg, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errProducerOpen, err)
+	}
+	c, err := s.deps.ReadCheckpoint(ctx, id, barrier)
 	if err == nil && c != nil && c.DatabaseOID != 0 && id.DatabaseOID != 0 && c.DatabaseOID != id.DatabaseOID {
 		// A database of that name was dropped and created anew: its
 		// outbox is another one, and the checkpoint is history.

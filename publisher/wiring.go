@@ -72,9 +72,9 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 		NewHook: w.NewHook,
 	}
 	if topic := cfg.CheckpointTopic; topic != "" {
-		deps.ReadCheckpoint = func(ctx context.Context, id Identity) (*Checkpoint, error) {
+		deps.ReadCheckpoint = func(ctx context.Context, id Identity, barrier []kafka.Barrier) (*Checkpoint, error) {
 			began := time.Now()
-			c, err := ReadCheckpoint(ctx, kcfg, topic, id)
+			c, err := readCheckpoint(ctx, kcfg, topic, id, barrier...)
 			if err == nil {
 				// How long a session's start waited for the checkpoint: on a
 				// shared cluster, what other deployments cannot stretch.
@@ -83,6 +83,7 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 			}
 			return c, err
 		}
+		deps.EnsureCheckpointTopic = func() error { return kafka.EnsureCompactedTopic(kcfg, topic) }
 		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
 			return replication.ReadServerHistory(ctx, w.Stream.ConnString)
 		}
@@ -97,12 +98,18 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 }
 
 // ReadCheckpoint reads id's checkpoint from the compacted topic (nil when
-// there is none), creating the topic when it is missing.
-func ReadCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id Identity) (*Checkpoint, error) {
+// there is none), creating the topic when it is missing; past barrier, when
+// given (see kafka.ReadCompacted).
+func ReadCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id Identity, barrier ...kafka.Barrier) (*Checkpoint, error) {
 	if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
 		return nil, err
 	}
-	all, err := kafka.ReadCompacted(ctx, kcfg, topic)
+	return readCheckpoint(ctx, kcfg, topic, id, barrier...)
+}
+
+// readCheckpoint is ReadCheckpoint on a topic that exists.
+func readCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id Identity, barrier ...kafka.Barrier) (*Checkpoint, error) {
+	all, err := kafka.ReadCompacted(ctx, kcfg, topic, barrier...)
 	if err != nil {
 		return nil, err
 	}
