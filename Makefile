@@ -58,8 +58,8 @@ test: deps lint
 	trap '$(STACK) down' EXIT; \
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
-	echo "go test -race -count=1 -timeout 25m ./..."; \
-	$(GO) test -race -count=1 -timeout 25m ./...; \
+	echo "go test -race -count=1 -timeout 35m ./..."; \
+	$(GO) test -race -count=1 -timeout 35m ./...; \
 	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick)"; \
 	$(GO) test -C bench -race -count=1 -timeout 15m ./...; \
 	$(MAKE) --no-print-directory e2e-pg17
