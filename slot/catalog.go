@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
@@ -40,8 +41,49 @@ type slotInfo struct {
 	SafeWALSize       *int64
 }
 
-// lookupSlot returns the slot named name, or nil when there is none.
+// lookupSlot returns the slot named name, or nil when there is none. A
+// logical slot that another session is still creating is waited for (see
+// creating): until it has its plugin it looks like a slot of the wrong one.
 func lookupSlot(ctx context.Context, conn *pgx.Conn, name string) (*slotInfo, error) {
+	wait := 5 * time.Millisecond
+	deadline := time.Now().Add(slotCreationWait)
+	for {
+		s, err := readSlot(ctx, conn, name)
+		if err != nil || s == nil || !s.creating() {
+			return s, err
+		}
+		if time.Now().After(deadline) {
+			e := newError(ErrSlotActive, fmt.Sprintf(
+				"replication slot %q has been in creation by another session (PID %d) for over %s (a logical slot waits for the transactions running when it was asked for): wait for it, or end that session with SELECT pg_terminate_backend(%d)",
+				name, deref(s.ActivePID), slotCreationWait, deref(s.ActivePID)))
+			e.PID = deref(s.ActivePID)
+			return nil, e
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("slot: wait for replication slot %q to be created by PID %d: %w", name, deref(s.ActivePID), ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 200*time.Millisecond)
+	}
+}
+
+// slotCreationWait bounds how long lookupSlot waits for another session's
+// slot creation to finish.
+var slotCreationWait = time.Minute
+
+// creating says whether s is a logical slot another session is creating:
+// PostgreSQL lists it, active and ephemeral, from the moment it is reserved,
+// and names its plugin only once its decoding context is set up (between
+// the two, pg_replication_slots shows the plugin as "").
+func (s *slotInfo) creating() bool {
+	return s.SlotType == "logical" && deref(s.Plugin) == "" && s.Active
+}
+
+// readSlot reads the slot named name as it is now, or nil when there is none.
+func readSlot(ctx context.Context, conn *pgx.Conn, name string) (*slotInfo, error) {
 	var s slotInfo
 	err := conn.QueryRow(ctx, `
 SELECT slot_name, plugin, slot_type, database, temporary, active, active_pid,

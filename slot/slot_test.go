@@ -363,3 +363,24 @@ func TestKeywordNames(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A logical slot another session is creating is listed, active, with the
+// plugin "" until its decoding context is set up: Ensure must wait for it,
+// not call it a slot of the wrong plugin (a fresh-clone CI run failed
+// TestEnsureConcurrent with `uses plugin "", outboxd needs "pgoutput"`).
+func TestSlotBeingCreatedIsNotOfAnotherPlugin(t *testing.T) {
+	empty, pgoutput := "", "pgoutput"
+	for _, c := range []struct {
+		s    slotInfo
+		want bool
+	}{
+		{slotInfo{SlotType: "logical", Plugin: &empty, Active: true}, true},
+		{slotInfo{SlotType: "logical", Plugin: &pgoutput, Active: true}, false},
+		{slotInfo{SlotType: "logical", Plugin: &empty}, false},
+		{slotInfo{SlotType: "physical", Active: true}, false},
+	} {
+		if got := c.s.creating(); got != c.want {
+			t.Errorf("%s slot, plugin %q, active %v: creating %v, want %v", c.s.SlotType, deref(c.s.Plugin), c.s.Active, got, c.want)
+		}
+	}
+}
