@@ -58,7 +58,7 @@ func (p *Producer) newBatch(rb *recBuf) *batch {
 	rb.queue = rb.queue[n:]
 	rb.queued -= size
 	if len(rb.queue) == 0 {
-		rb.queue = nil
+		rb.queue, rb.urgent = nil, false
 	}
 
 	first := recs[0].Timestamp

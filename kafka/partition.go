@@ -62,6 +62,7 @@ type recBuf struct {
 	single    int            // send this many next records one per batch
 	retryAt   time.Time
 	failingAt time.Time // first failure of the current batch
+	urgent    bool      // the queue holds an Urgent record: no linger
 	attempts  int
 	// failed, when set, refuses new records. A partition sealed by a
 	// poison record (see seal) still sends what it holds; a stopped one
@@ -85,7 +86,7 @@ func (rb *recBuf) due(now time.Time, linger time.Duration, maxBytes int) (bool, 
 	if rb.phase == partWaiting && now.Before(rb.retryAt) {
 		return false, rb.retryAt
 	}
-	if rb.phase == partIdle && linger > 0 && rb.queued < maxBytes {
+	if rb.phase == partIdle && linger > 0 && rb.queued < maxBytes && !rb.urgent {
 		if due := rb.queue[0].enqueued.Add(linger); now.Before(due) {
 			return false, due
 		}
@@ -96,6 +97,7 @@ func (rb *recBuf) due(now time.Time, linger time.Duration, maxBytes int) (bool, 
 // push queues r, which arrived at now.
 func (rb *recBuf) push(r *Record, now time.Time) {
 	r.enqueued = now
+	rb.urgent = rb.urgent || r.Urgent
 	rb.queue = append(rb.queue, r)
 	rb.queued += r.Size() + recordOverhead
 }
@@ -157,13 +159,14 @@ func (rb *recBuf) requeue(b *batch) {
 	rb.single = len(b.recs)
 	for _, r := range b.recs {
 		rb.queued += r.Size() + recordOverhead
+		rb.urgent = rb.urgent || r.Urgent
 	}
 }
 
 // takeQueue empties the queue and returns what it held.
 func (rb *recBuf) takeQueue() []*Record {
 	queue := rb.queue
-	rb.queue, rb.queued = nil, 0
+	rb.queue, rb.queued, rb.urgent = nil, 0, false
 	return queue
 }
 

@@ -242,3 +242,34 @@ func TestPartitionInFlightWithQueuedRecordsHasNoWork(t *testing.T) {
 		t.Fatal("a partition in flight with queued records has work: a second batch would go out before the first's answer")
 	}
 }
+
+// An Urgent record makes its partition due at once, linger or not, and
+// only until the batch that takes it: the read barrier a session waits on
+// alone went out only after a 3 s --kafka-linger, long enough for
+// wal_sender_timeout to end the replication connection (a fresh-clone CI
+// run restarted TestRunKeepsStatusUpdatesFlowingWhileBackpressured every
+// 6 s).
+func TestPartitionUrgentRecordIsDueWithoutTheLinger(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	now := time.Now()
+	const linger = time.Hour
+	ps.push(rec(1, "t", "a"), now)
+	if ok, at := ps.due(now, linger, 1<<20); ok || !at.Equal(now.Add(linger)) {
+		t.Fatalf("a queued record: due %v at %v, want due after the linger", ok, at)
+	}
+	r := rec(2, "t", "a")
+	r.Urgent = true
+	ps.push(r, now)
+	if ok, _ := ps.due(now, linger, 1<<20); !ok {
+		t.Fatal("a queue holding an urgent record waits for the linger")
+	}
+	b := ps.take(p)
+	if len(b.recs) != 2 {
+		t.Fatalf("the batch took %d records, want both", len(b.recs))
+	}
+	ps.land()
+	ps.push(rec(3, "t", "a"), now)
+	if ok, _ := ps.due(now, linger, 1<<20); ok {
+		t.Fatal("the partition stayed urgent after the batch took its urgent record")
+	}
+}

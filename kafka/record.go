@@ -30,6 +30,11 @@ type Record struct {
 	// transaction); the producer hands it back untouched.
 	Meta any
 
+	// Urgent sends the record's partition without waiting for the linger:
+	// for a record its sender waits on alone (a checkpoint read barrier, a
+	// checkpoint reset), where the linger would only delay the caller.
+	Urgent bool
+
 	enqueued time.Time // when the producer queued it, for the linger
 	// Done, when set, receives the record when it comes back instead of
 	// Results: per-sender completion, with no shared demultiplexer. It

@@ -209,6 +209,7 @@ func writeCommitted(ctx context.Context, prod outbox.Producer, cfg Config, r *ka
 	}
 	done := make(chan *kafka.Record, 1)
 	r.Done = done
+	r.Urgent = true // waited on alone: the linger would only delay it
 	if err := prod.Send(ctx, r); err != nil {
 		return err
 	}
