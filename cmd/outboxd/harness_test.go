@@ -182,6 +182,33 @@ func (e *env) exec(sql string, args ...any) {
 	}
 }
 
+// waitConfirmed waits until the slot has confirmed everything written
+// before the call (pg_current_wal_lsn() then), polling with a deadline.
+func (e *env) waitConfirmed(timeout time.Duration) {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	var target string
+	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
+		e.t.Fatal(err)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var caught bool
+		if err := c.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, e.slot, target).Scan(&caught); err != nil {
+			e.t.Fatal(err)
+		}
+		if caught {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("confirmed_flush_lsn of slot %s did not reach %s within %s", e.slot, target, timeout)
+		}
+		time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+	}
+}
+
 func (e *env) args(extra ...string) []string {
 	a := []string{"run", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
 		"--slot", e.slot, "--publication", e.slot, "--status-interval", "200ms",

@@ -264,23 +264,6 @@ func TestRunTablelessIdleWAL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var target string
-	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var caught bool
-		if err := c.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, e.slot, target).Scan(&caught); err != nil {
-			t.Fatal(err)
-		}
-		if caught {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("confirmed_flush_lsn did not reach %s within 30 s of an idle table-less outbox", target)
-		}
-		time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
-	}
+	e.waitConfirmed(30 * time.Second)
 	d.stop()
 }
