@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 // SQLSTATE codes this package reacts to.
@@ -45,34 +47,38 @@ type slotInfo struct {
 // logical slot that another session is still creating is waited for (see
 // creating): until it has its plugin it looks like a slot of the wrong one.
 func lookupSlot(ctx context.Context, conn *pgx.Conn, name string) (*slotInfo, error) {
-	wait := 5 * time.Millisecond
-	deadline := time.Now().Add(slotCreationWait)
-	for {
-		s, err := readSlot(ctx, conn, name)
-		if err != nil || s == nil || !s.creating() {
-			return s, err
-		}
-		if time.Now().After(deadline) {
-			e := newError(ErrSlotActive, fmt.Sprintf(
-				"replication slot %q has been in creation by another session (PID %d) for over %s (a logical slot waits for the transactions running when it was asked for): wait for it, or end that session with SELECT pg_terminate_backend(%d)",
-				name, deref(s.ActivePID), slotCreationWait, deref(s.ActivePID)))
-			e.PID = deref(s.ActivePID)
-			return nil, e
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("slot: wait for replication slot %q to be created by PID %d: %w", name, deref(s.ActivePID), ctx.Err())
-		case <-t.C:
-		}
-		wait = min(2*wait, 200*time.Millisecond)
-	}
+	return awaitCreated(ctx, name, slotCreationWait, func(ctx context.Context) (*slotInfo, error) {
+		return readSlot(ctx, conn, name)
+	})
 }
 
 // slotCreationWait bounds how long lookupSlot waits for another session's
 // slot creation to finish.
-var slotCreationWait = time.Minute
+const slotCreationWait = time.Minute
+
+// awaitCreated reads the slot until it is not being created (creating),
+// waiting 5 ms, doubling up to 200 ms, between reads; it gives up after
+// limit with an ErrSlotActive naming the creating session, or when ctx ends.
+func awaitCreated(ctx context.Context, name string, limit time.Duration, read func(context.Context) (*slotInfo, error)) (*slotInfo, error) {
+	deadline := time.Now().Add(limit)
+	for attempt := 1; ; attempt++ {
+		s, err := read(ctx)
+		if err != nil || s == nil || !s.creating() {
+			return s, err
+		}
+		pid := deref(s.ActivePID)
+		if time.Now().After(deadline) {
+			e := newError(ErrSlotActive, fmt.Sprintf(
+				"replication slot %q has been in creation by another session (PID %d) for over %s (a logical slot waits for the transactions running when it was asked for): wait for it, or end that session with SELECT pg_terminate_backend(%d)",
+				name, pid, limit, pid))
+			e.PID = pid
+			return nil, e
+		}
+		if !backoff.Sleep(ctx, backoff.Exponential(5*time.Millisecond, 200*time.Millisecond, attempt)) {
+			return nil, fmt.Errorf("slot: wait for replication slot %q to be created by PID %d: %w", name, pid, ctx.Err())
+		}
+	}
+}
 
 // creating says whether s is a logical slot another session is creating:
 // PostgreSQL lists it, active and ephemeral, from the moment it is reserved,
