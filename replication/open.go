@@ -154,6 +154,7 @@ func (s *Stream) startReplication(ctx context.Context) error {
 		return fmt.Errorf("replication: start replication on slot %q: %w", s.cfg.Slot, err)
 	}
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.Stringer("from_lsn", s.start))
+	s.alive = startSetupKeepalive(s)
 	return nil
 }
 
@@ -195,6 +196,7 @@ func (s *Stream) Close() {
 		return
 	}
 	s.closed = true
+	_ = s.takeConn() // the connection closes either way
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = s.conn.Close(ctx)

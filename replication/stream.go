@@ -12,10 +12,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// Stream owns one replication connection. Exactly one goroutine — the one
-// calling Run — uses the connection, for receiving and for status updates
-// alike: writing status updates from a second goroutine while another
-// receives corrupts the connection.
+// Stream owns one replication connection. Exactly one goroutine uses the
+// connection at a time, for receiving and for status updates alike:
+// writing status updates from a second goroutine while another receives
+// corrupts the connection. From Open until Run or Close it is the
+// keepalive's goroutine (setupalive.go), then the one calling Run.
 type Stream struct {
 	cfg    StreamConfig
 	log    *zap.Logger
@@ -25,6 +26,7 @@ type Stream struct {
 	closed bool
 	system pglogrepl.IdentifySystemResult
 	dbOID  uint32
+	alive  *setupKeepalive // nil once Run or Close took the connection back
 }
 
 // Run receives, decodes and delivers outbox messages to out, in commit
@@ -44,6 +46,9 @@ type Stream struct {
 // nothing for StreamConfig.ServerTimeout of waiting for it; time blocked on
 // a full out does not count.
 func (s *Stream) Run(ctx context.Context, out chan<- Message, gate Gate, budget Budget) error {
+	if err := s.takeConn(); err != nil {
+		return err
+	}
 	st := &streamState{received: s.start, lastCommitEnd: s.start, budget: budget}
 	err := s.receive(ctx, out, gate, st)
 	close(out)
@@ -110,6 +115,19 @@ func (s *Stream) sendStatus(st *streamState, gate Gate, ping bool) error {
 	if write < flush {
 		write = flush
 	}
+	if err := s.sendUpdate(write, flush, ping); err != nil {
+		return err
+	}
+	st.lastStatus = time.Now()
+	st.lastFlush = flush
+	if ce := s.log.Check(zap.DebugLevel, "standby status"); ce != nil {
+		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush), zap.Bool("ping", ping))
+	}
+	return nil
+}
+
+// sendUpdate sends one standby status update.
+func (s *Stream) sendUpdate(write, flush pglogrepl.LSN, ping bool) error {
 	if flush == 0 {
 		// pglogrepl copies write into a zero flush: never let it.
 		write = 0
@@ -122,11 +140,6 @@ func (s *Stream) sendStatus(st *streamState, gate Gate, ping bool) error {
 	})
 	if err != nil {
 		return fmt.Errorf("replication: send standby status: %w", err)
-	}
-	st.lastStatus = time.Now()
-	st.lastFlush = flush
-	if ce := s.log.Check(zap.DebugLevel, "standby status"); ce != nil {
-		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush), zap.Bool("ping", ping))
 	}
 	return nil
 }
