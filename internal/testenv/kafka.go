@@ -163,19 +163,7 @@ func (k *KafkaEnv) ReadAll(t testing.TB, topic string, want int, timeout time.Du
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer pc.Close()
-			for {
-				select {
-				case m := <-pc.Messages():
-					select {
-					case msgs <- m:
-					case <-done:
-						return
-					}
-				case <-done:
-					return
-				}
-			}
+			forward(consumer, pc, topic, p, msgs, done)
 		}()
 	}
 	defer wg.Wait()
@@ -193,4 +181,54 @@ func (k *KafkaEnv) ReadAll(t testing.TB, topic string, want int, timeout time.Du
 		}
 	}
 	return got
+}
+
+// partitionOpener is the part of sarama.Consumer forward uses.
+type partitionOpener interface {
+	ConsumePartition(topic string, partition int32, offset int64) (sarama.PartitionConsumer, error)
+}
+
+// forward sends what pc reads to msgs until done. sarama shuts a partition
+// consumer down on some answers (an offset out of range, retries
+// exhausted) by closing its Messages channel: the partition is consumed
+// again from the next offset (a CI run read a nil message from the closed
+// channel and panicked).
+func forward(consumer partitionOpener, pc sarama.PartitionConsumer, topic string, partition int32, msgs chan<- *sarama.ConsumerMessage, done <-chan struct{}) {
+	next := sarama.OffsetOldest
+	for {
+		if pc != nil {
+			if !forwardUntilClosed(pc, msgs, done, &next) {
+				pc.Close()
+				return
+			}
+			pc.Close()
+		}
+		select {
+		case <-done:
+			return
+		case <-time.After(100 * time.Millisecond): // back off before consuming again
+		}
+		pc, _ = consumer.ConsumePartition(topic, partition, next) // nil on failure: tried again
+	}
+}
+
+// forwardUntilClosed forwards pc's messages, keeping next past the last
+// one; it returns false when done, true when pc stopped by itself.
+func forwardUntilClosed(pc sarama.PartitionConsumer, msgs chan<- *sarama.ConsumerMessage, done <-chan struct{}, next *int64) bool {
+	for {
+		select {
+		case m, ok := <-pc.Messages():
+			if !ok {
+				return true
+			}
+			select {
+			case msgs <- m:
+				*next = m.Offset + 1
+			case <-done:
+				return false
+			}
+		case <-done:
+			return false
+		}
+	}
 }
