@@ -16,6 +16,9 @@ var (
 	// ErrProduce means a produce failed after the producer's retries. The
 	// pipeline restarts from the last confirmed position.
 	ErrProduce = errors.New("produce failed")
+	// ErrCheckpointTopic means the checkpoint topic cannot hold checkpoints
+	// safely as it is (more than one partition): a setting to change.
+	ErrCheckpointTopic = halt.New("kafka: unusable checkpoint topic")
 )
 
 // PoisonError names the event Kafka refused.
