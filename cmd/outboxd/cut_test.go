@@ -99,4 +99,3 @@ func (o *offsetReader) sum() int64 {
 	}
 	return n
 }
-
