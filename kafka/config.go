@@ -33,11 +33,14 @@ type Config struct {
 	// between two attempts at the same batch.
 	RetryBackoff    time.Duration
 	RetryBackoffMax time.Duration
-	// DeliveryTimeout is how long a batch may keep failing with retriable
-	// errors (broker down, no leader, not enough replicas) before its
-	// records fail and the pipeline restarts. Until then the producer sends
-	// the same batch again, which keeps per-partition order and adds no
-	// duplicate; a restart sends everything unconfirmed again.
+	// DeliveryTimeout is how long a record may stay undelivered from its
+	// first attempt (its batch's first send; for a record that could not
+	// be sent, from when it could first have been) before it fails and the
+	// pipeline restarts: whatever kept it — retriable errors (broker down,
+	// not enough replicas), no leader, or a request that is never
+	// answered. Until then the producer sends the same batch again, which
+	// keeps per-partition order and adds no duplicate; a restart sends
+	// everything unconfirmed again.
 	DeliveryTimeout time.Duration
 	// UnknownTopicTimeout is how long a topic the brokers call unknown is
 	// looked up again before its records are poison.
