@@ -60,6 +60,20 @@ func eventID(id int64, text string) string {
 // Unwrap matches both ErrProduce and the cause.
 func (e *ProduceError) Unwrap() []error { return []error{ErrProduce, e.Err} }
 
+// PartitionsShrunkError fails the records of a topic whose partition count
+// went down: Kafka cannot remove partitions, so the topic was deleted and
+// recreated with fewer. It is a produce failure, not poison: the pipeline
+// restarts, and the restart's producer routes keys by the new count.
+type PartitionsShrunkError struct {
+	Topic    string
+	From, To int32
+}
+
+func (e *PartitionsShrunkError) Error() string {
+	return fmt.Sprintf("topic %q now has %d partitions, not %d (deleted and recreated with fewer): its records in this session fail; the restart routes keys by the new count (murmur2 %% %d), so a key may move to another partition, and its order across the change holds only if the old partitions had been drained (records of a deleted topic are gone with it)",
+		e.Topic, e.To, e.From, e.To)
+}
+
 // ErrNotAuthorized means the brokers refused an operation for lack of an
 // ACL. A restart does not fix it: the service halts and says which ACL to
 // grant.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -129,5 +130,49 @@ func TestKafkaProducerUnansweredRequestFailsAtTheDeliveryTimeout(t *testing.T) {
 	case <-closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close still waiting 10 s after the delivery timeout: the unanswered request was not aborted")
+	}
+}
+
+// A topic deleted and recreated with fewer partitions (6 → 3): a record of
+// a partition that no longer exists fails with an error naming the topic
+// and both counts — a restart, not poison — and so does every later record
+// of the topic in this producer; the restart's producer routes keys by the
+// new count. Before, metadata kept the old count ("partitions never
+// shrink"), the partition had no leader, and its records waited for good.
+func TestKafkaProducerTopicRecreatedWithFewerPartitions(t *testing.T) {
+	f := startFakeKafka(t, 6, "t")
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	p := newTestProducer(t, cfg)
+	key := keyFor(t, 4, 6)
+	sendAll(t, p, rec(1, "t", key))
+	if r := results(t, p, 1)[0]; r.Err != nil || r.Partition != 4 {
+		t.Fatalf("record 1: partition %d, %v; want 4, acknowledged", r.Partition, r.Err)
+	}
+	if err := f.c.DeleteTopic("t"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.CreateTopic("t", 3, nil); err != nil {
+		t.Fatal(err)
+	}
+	sendAll(t, p, rec(2, "t", key))
+	r := results(t, p, 1)[0]
+	var se *PartitionsShrunkError
+	if !errors.As(r.Err, &se) || !errors.Is(r.Err, ErrProduce) || errors.Is(r.Err, ErrPoison) {
+		t.Fatalf("record 2: %v, want a produce error (a restart, not poison) saying the partitions shrank", r.Err)
+	}
+	if se.Topic != "t" || se.From != 6 || se.To != 3 || !strings.Contains(r.Err.Error(), `"t"`) ||
+		!strings.Contains(r.Err.Error(), "6") || !strings.Contains(r.Err.Error(), "3") {
+		t.Fatalf("record 2: %v (%+v), want topic t, 6 → 3 named", r.Err, se)
+	}
+	sendAll(t, p, rec(3, "t", keyFor(t, 1, 6)))
+	if r := results(t, p, 1)[0]; !errors.Is(r.Err, ErrProduce) {
+		t.Fatalf("record 3: %v, want failed: nothing later of the topic goes in this producer", r.Err)
+	}
+	// The pipeline's restart: a new producer routes by the new count.
+	p2 := newTestProducer(t, cfg)
+	sendAll(t, p2, rec(2, "t", key))
+	r = results(t, p2, 1)[0]
+	if want := int32(murmur2([]byte(key))&0x7fffffff) % 3; r.Err != nil || r.Partition != want {
+		t.Fatalf("record 2 after the restart: partition %d, %v; want %d (murmur2 %% 3), acknowledged", r.Partition, r.Err, want)
 	}
 }
