@@ -160,8 +160,8 @@ func (c Config) Sarama() (*sarama.Config, error) {
 	sc.Net.MaxOpenRequests = 1
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
-	// For sarama's own producers (the dead-letterer); Producer
-	// retries by DeliveryTimeout.
+	// For sarama's own producers (the consumer package's dead-letter
+	// producer); Producer retries by DeliveryTimeout.
 	sc.Producer.Retry.Max = 10
 	sc.Producer.Retry.Backoff = c.RetryBackoffMax
 	sc.Producer.Timeout = c.RequestTimeout
@@ -184,23 +184,4 @@ func (c Config) Sarama() (*sarama.Config, error) {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}
 	return sc, nil
-}
-
-// saramaMessage maps r to a sarama message for topic, with extra room in
-// the header slice for the dead-letter headers.
-func saramaMessage(topic string, r *Record, extraHeaders ...sarama.RecordHeader) *sarama.ProducerMessage {
-	m := &sarama.ProducerMessage{
-		Topic:     topic,
-		Key:       sarama.ByteEncoder(r.Key),
-		Value:     sarama.ByteEncoder(r.Value),
-		Timestamp: r.Timestamp,
-	}
-	if n := len(r.Headers) + len(extraHeaders); n > 0 {
-		m.Headers = make([]sarama.RecordHeader, 0, n)
-		for _, h := range r.Headers {
-			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-		}
-		m.Headers = append(m.Headers, extraHeaders...)
-	}
-	return m
 }
