@@ -30,5 +30,7 @@
 // Errors that callers branch on: ErrPoison (a record Kafka refuses for
 // good: *PoisonError), ErrProduce (a record that kept failing:
 // *ProduceError, *PartitionsShrunkError inside it for a recreated topic),
+// ErrTimestampRefused (a broker's INVALID_TIMESTAMP: *TimestampError, which
+// halts — a clock or a topic setting, not the event, so not poison),
 // ErrProducerClosed, and *AuthError from Check.
 package kafka

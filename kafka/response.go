@@ -26,7 +26,8 @@ func outcome(err error) produceOutcome {
 		return outcomeAcked
 	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge):
 		return outcomeTooLarge
-	case errors.Is(err, sarama.ErrInvalidRecord), errors.Is(err, sarama.ErrInvalidTimestamp),
+	// INVALID_TIMESTAMP is not poison: it is fatal (see TimestampError).
+	case errors.Is(err, sarama.ErrInvalidRecord),
 		errors.Is(err, sarama.ErrInvalidMessage), errors.Is(err, sarama.ErrInvalidTopic):
 		return outcomePoison
 	case errors.Is(err, sarama.ErrNotLeaderForPartition), errors.Is(err, sarama.ErrLeaderNotAvailable),
@@ -111,6 +112,10 @@ func (p *Producer) refused(rb *recBuf, b *batch, err error) {
 		}
 		rb.poison(p, b.recs[0], err)
 	default:
+		if errors.Is(err, sarama.ErrInvalidTimestamp) {
+			err = &TimestampError{Topic: rb.topic.name, Partition: rb.partition,
+				First: b.rb.FirstTimestamp, Last: b.rb.MaxTimestamp, Now: p.now(), Err: err}
+		}
 		p.log.Error("kafka refused a batch for good: failing the partition's records",
 			zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition), zap.Error(err))
 		if !b.sent.IsZero() {

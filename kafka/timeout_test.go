@@ -11,6 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/halt"
 )
 
 // A record's delivery timeout runs from its first attempt whether or not an
@@ -174,5 +176,44 @@ func TestKafkaProducerTopicRecreatedWithFewerPartitions(t *testing.T) {
 	r = results(t, p2, 1)[0]
 	if want := int32(murmur2([]byte(key))&0x7fffffff) % 3; r.Err != nil || r.Partition != want {
 		t.Fatalf("record 2 after the restart: partition %d, %v; want %d (murmur2 %% 3), acknowledged", r.Partition, r.Err, want)
+	}
+}
+
+// INVALID_TIMESTAMP is a clock or a broker setting, not the event: the
+// batch fails for good with an error that halts and names the settings —
+// not poison, so not dead-lettered either — and the records behind it fail
+// unsent (rule 3). Before, it was poison: dead-lettered, one event after
+// another, or a halt that told the operator to set a dead-letter topic.
+func TestKafkaProducerInvalidTimestampHaltsNamingTheBrokerSettings(t *testing.T) {
+	for _, cont := range []bool{false, true} {
+		t.Run(map[bool]string{false: "halt", true: "dead-letter"}[cont], func(t *testing.T) {
+			f := startFakeKafka(t, 1, "t")
+			f.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+				return failProduce(kreq, 32), nil, true // INVALID_TIMESTAMP, once
+			})
+			cfg := testKafkaConfig(f.c.ListenAddrs())
+			cfg.ContinueAfterPoison = cont
+			p := newTestProducer(t, cfg)
+			old := rec(1, "t", "a")
+			old.Timestamp = time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+			sendAll(t, p, old)
+			waitFor(t, func() bool { return len(f.log.all()) > 0 })
+			sendAll(t, p, rec(2, "t", "a"))
+			got := results(t, p, 2)
+			sortByID(got)
+			err := got[0].Err
+			var te *TimestampError
+			if !errors.As(err, &te) || !halt.Is(err) || errors.Is(err, ErrPoison) {
+				t.Fatalf("record 1: %v, want a timestamp error that halts, not poison", err)
+			}
+			for _, want := range []string{"message.timestamp.before.max.ms", "message.timestamp.after.max.ms", "2020-01-02T03:04:05Z", `"t"`} {
+				if !strings.Contains(err.Error(), want) {
+					t.Fatalf("record 1: %v, want it to name %s", err, want)
+				}
+			}
+			if !errors.Is(got[1].Err, errPartitionStopped) {
+				t.Fatalf("record 2: %v, want not sent behind the refused record", got[1].Err)
+			}
+		})
 	}
 }
