@@ -40,7 +40,10 @@ type Config struct {
 	// not enough replicas), no leader, or a request that is never
 	// answered. Until then the producer sends the same batch again, which
 	// keeps per-partition order and adds no duplicate; a restart sends
-	// everything unconfirmed again.
+	// everything unconfirmed again. Below RequestTimeout (the time a broker
+	// may take to answer while it waits for its in-sync replicas) a slow
+	// but healthy answer can come too late, as with the Java client's
+	// delivery.timeout.ms below request.timeout.ms.
 	DeliveryTimeout time.Duration
 	// UnknownTopicTimeout is how long a topic the brokers call unknown is
 	// looked up again before its records are poison.
