@@ -21,7 +21,7 @@ import (
 //
 // Before this was explicit, stopping a partition (a metadata refresh saying
 // its topic is unknown) dropped a batch still in flight, and its response
-// then dereferenced the missing batch (issue 22).
+// then dereferenced the missing batch: a panic.
 type partPhase uint8
 
 const (

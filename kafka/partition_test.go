@@ -125,7 +125,8 @@ func TestPartitionStopWhenWaiting(t *testing.T) {
 }
 
 // inFlight ──stop──▶ stopping ──land──▶ stopped: the batch is kept for its
-// response, which decides its records (issue 22's panic).
+// response, which decides its records (dropping it made the response
+// dereference a missing batch: a panic).
 func TestPartitionStopWhileInFlightKeepsTheBatch(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)

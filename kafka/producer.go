@@ -24,7 +24,7 @@ import (
 // With the AsyncProducer a record can fail while a later record of the same
 // partition succeeds, and the pipeline's restart then appends the failed
 // record after the later one: a consumer sees an aggregate's events out of
-// commit order (issue 15). sarama fails a record without failing those behind
+// commit order. sarama fails a record without failing those behind
 // it in three ways: its retries run out (Producer.Retry.Max) while later
 // records, with fewer retries used, are still retrying; a leader lookup fails
 // during a leader election or while the broker is down
