@@ -1,6 +1,6 @@
 package main
 
-// Many deployments on one replicated Kafka (issue 22): one private 3-node
+// Many deployments on one replicated Kafka: one private 3-node
 // cluster, started once, its subtests one after another (three brokers and
 // five race-built outboxd are plenty for a small machine); the test itself
 // runs beside the package's others rather than holding them back.
