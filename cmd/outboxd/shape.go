@@ -60,7 +60,10 @@ func (o *options) shape() error {
 	dec := replication.DecoderConfig{Schema: o.slot.Schema, Table: o.slot.Table, Columns: cols, TopicTemplate: tmpl, HeaderColumns: hcs,
 		Messages: o.poll.source == sourceCDC || o.poll.source == sourceMessages, MessagesRequired: o.poll.source == sourceMessages,
 		// Debezium's router sends a NULL payload as a null value.
-		NullPayload: s.format == formatDebezium}
+		NullPayload: s.format == formatDebezium,
+		// A row's own headers must not name the mapping's id and key
+		// headers: the record would carry them twice.
+		ReservedHeaders: m.OwnHeaders()}
 	switch o.poll.source {
 	case sourceCDC, sourcePoll, "":
 	case sourceMessages:
