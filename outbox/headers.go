@@ -48,3 +48,18 @@ func (m *Mapping) OwnHeaders() []string {
 	}
 	return out
 }
+
+// ReservedIn returns the first of an event's own headers hs that names one
+// of the headers m's records carry as outboxd's (ReservedHeader, OwnHeaders).
+// The decoder refuses such events already; the publisher checks again
+// where records are made, so that no source of events can put a second
+// copy of outboxd's header on a record.
+func (m *Mapping) ReservedIn(hs []Header) (string, bool) {
+	id, key := or(m.IDHeader, HeaderOutboxID), or(m.KeyHeader, HeaderAggregateID)
+	for _, h := range hs {
+		if ReservedHeader(h.Key) || h.Key != noHeader && (h.Key == id || h.Key == key) {
+			return h.Key, true
+		}
+	}
+	return "", false
+}

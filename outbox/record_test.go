@@ -92,3 +92,34 @@ func TestRecordNilPayloadIsNullValue(t *testing.T) {
 		t.Fatalf("value %q, want nil (a tombstone)", r.Value)
 	}
 }
+
+func TestReservedHeaders(t *testing.T) {
+	for name, want := range map[string]bool{
+		"outbox-id": true, "aggregate-id": true, "event-type": true, "outbox-origin": true, "content-type": true,
+		"ce_id": true, "ce_anything": true, "dlq-error": true, "outboxd-error": true,
+		"traceparent": false, "Outbox-Id": false, "id": false, "ce": false, "-": false, "": false,
+	} {
+		if got := ReservedHeader(name); got != want {
+			t.Errorf("ReservedHeader(%q) = %v, want %v", name, got, want)
+		}
+	}
+	deb := DefaultMapping()
+	deb.IDHeader, deb.KeyHeader = "id", "-"
+	if got := deb.OwnHeaders(); len(got) != 1 || got[0] != "id" {
+		t.Errorf("OwnHeaders of id/-: %q, want [id]", got)
+	}
+	for _, tt := range []struct {
+		m    Mapping
+		hs   []Header
+		want string
+	}{
+		{DefaultMapping(), []Header{{Key: "traceparent"}, {Key: "outbox-origin"}}, "outbox-origin"},
+		{DefaultMapping(), []Header{{Key: "id"}, {Key: "-"}}, ""},
+		{deb, []Header{{Key: "-"}, {Key: "id"}}, "id"},
+		{deb, []Header{{Key: "aggregate-id"}}, "aggregate-id"},
+	} {
+		if got, _ := tt.m.ReservedIn(tt.hs); got != tt.want {
+			t.Errorf("ReservedIn(%v) with %s/%s = %q, want %q", tt.hs, tt.m.IDHeader, tt.m.KeyHeader, got, tt.want)
+		}
+	}
+}

@@ -1,9 +1,18 @@
 package replication
 
 import (
+	"context"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/format"
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 )
 
 // headersRelation is a minimal outbox table with a headers column of type
@@ -144,6 +153,71 @@ func TestHeaderColumnReservedNameRefused(t *testing.T) {
 		cfg := DecoderConfig{ReservedHeaders: []string{"id"}, HeaderColumns: []HeaderColumn{{Column: "c", Header: h}}}
 		if err := cfg.Validate(); err == nil {
 			t.Errorf("header column c=%s: Validate() = nil, want an error", h)
+		}
+	}
+}
+
+// TestRecordCarriesReservedHeadersOnce: whatever headers a row or an
+// outbox_emit message asks for, the record it becomes (outbox.NewRecord,
+// the origin header the delivery mode adds, the CloudEvents binary
+// encoder's attributes) carries each header outboxd sets exactly once, with
+// outboxd's value; an event asking for one is a bad event instead.
+func TestRecordCarriesReservedHeadersOnce(t *testing.T) {
+	enc, err := format.NewEncoder(format.Config{CloudEvents: format.Binary, Source: "/s", TypeHeader: outbox.HeaderEventType}, nil, zap.NewNop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapping := outbox.DefaultMapping()
+	const origin = "sys/db/1"
+	reserved := []string{outbox.HeaderOutboxID, outbox.HeaderAggregateID, outbox.HeaderEventType, outbox.HeaderOrigin,
+		"content-type", "ce_specversion", "ce_id", "ce_source", "ce_type", "ce_time"}
+	for _, name := range append(reserved, "traceparent") {
+		headers := fmt.Sprintf(`{%q: "writer's", "tracestate": "t=1"}`, name)
+		d := NewDecoder(DecoderConfig{Messages: true, MessageKey: testKey})
+		msgs := decodeAll(t, d, begin(1), outboxRelation(), encodeMessage(true, 0x2010, MessagePrefix, emitContent("orders", "k", headers, `{}`)))
+		rowRel := encodeRelation(outboxRel+1, "public", "outbox",
+			column{"id", oidInt8}, column{"aggregate_id", oidText}, column{"topic", oidText}, column{"payload", oidJSONB},
+			column{"event_type", oidText}, column{"headers", oidJSONB})
+		if _, err := d.Decode(rowRel); err != nil {
+			t.Fatal(err)
+		}
+		row, err := d.Decode(encodeInsert(outboxRel+1, txt("7"), txt("k"), txt("orders"), txt(`{}`), txt("OrderCreated"), txt(headers)))
+		if err != nil {
+			if row, err = asBadEvent(err); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for what, m := range map[string]Message{"message": msgs[2], "row": row} {
+			if slices.Contains(reserved, name) {
+				if m.Kind != KindBad {
+					t.Errorf("%s setting %s: Kind %v, want a bad event", what, name, m.Kind)
+				}
+				continue
+			}
+			if m.Kind != KindEvent {
+				t.Fatalf("%s setting %s: Kind %v (%s), want an event", what, name, m.Kind, m.Bad.Reason)
+			}
+			r := outbox.NewRecord(&m.Event, &mapping, commitTime)
+			r.Headers = append(r.Headers, kafka.Header{Key: outbox.HeaderOrigin, Value: []byte(origin)})
+			if err := enc.Encode(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+			count := map[string]int{}
+			for _, h := range r.Headers {
+				count[h.Key]++
+				if slices.Contains(reserved, h.Key) && string(h.Value) == "writer's" {
+					t.Errorf("%s setting %s: header %s has the writer's value", what, name, h.Key)
+				}
+			}
+			for _, h := range reserved {
+				want := 1
+				if h == outbox.HeaderEventType && what == "message" {
+					want = 0 // outbox_emit has no event type
+				}
+				if count[h] != want {
+					t.Errorf("%s setting %s: header %s occurs %d times, want %d: %q", what, name, h, count[h], want, r.Headers)
+				}
+			}
 		}
 	}
 }
