@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,6 +41,9 @@ func newEmitEnv(t *testing.T) *emitEnv {
 		t.Fatal(err)
 	}
 	if major < 14 {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("PostgreSQL %d: pgoutput sends logical decoding messages from 14 on; CI runs 15", major)
+		}
 		t.Skipf("PostgreSQL %d: pgoutput sends logical decoding messages from 14 on", major)
 	}
 	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
