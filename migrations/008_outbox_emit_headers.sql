@@ -80,8 +80,8 @@ BEGIN
         RAISE EXCEPTION 'outbox_emit: headers must be a JSON object of string values'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM %1$I.outbox_emit_check_headers(headers);
-    SELECT ipad, opad INTO STRICT kr FROM %1$I.outbox_emit_key;
+    PERFORM %I.outbox_emit_check_headers(headers);
+    SELECT ipad, opad INTO STRICT kr FROM %I.outbox_emit_key;
     fields := octet_length(t) || ':' || t
            || octet_length(key) || ':' || key
            || octet_length(h) || ':' || h
@@ -92,7 +92,7 @@ BEGIN
               || ':' || fields);
 END
 $body$;
-$fn$, current_schema());
+$fn$, current_schema(), current_schema());
 END
 $do$;
 
