@@ -3,6 +3,10 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -121,5 +125,33 @@ func TestReservedHeaders(t *testing.T) {
 		if got, _ := tt.m.ReservedIn(tt.hs); got != tt.want {
 			t.Errorf("ReservedIn(%v) with %s/%s = %q, want %q", tt.hs, tt.m.IDHeader, tt.m.KeyHeader, got, tt.want)
 		}
+	}
+}
+
+// TestReservedHeadersMatchOutboxEmit: outbox_emit (migration 008) refuses
+// exactly the names ReservedHeader reserves; the SQL holds its own copy of
+// the list, so a name added on one side only fails here.
+func TestReservedHeadersMatchOutboxEmit(t *testing.T) {
+	sql, err := os.ReadFile("../migrations/008_outbox_emit_headers.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := regexp.MustCompile(`m\.key IN \(([^)]*)\)`).FindSubmatch(sql)
+	if in == nil {
+		t.Fatal("no IN list of reserved names in migration 008")
+	}
+	var names []string
+	for _, q := range regexp.MustCompile(`'([^']*)'`).FindAllSubmatch(in[1], -1) {
+		names = append(names, string(q[1]))
+	}
+	var prefixes []string
+	for _, m := range regexp.MustCompile(`left\(m\.key, (\d+)\) = '([^']*)'`).FindAllSubmatch(sql, -1) {
+		if n, _ := strconv.Atoi(string(m[1])); n != len(m[2]) {
+			t.Errorf("left(m.key, %s) compared with %q of %d bytes", m[1], m[2], len(m[2]))
+		}
+		prefixes = append(prefixes, string(m[2]))
+	}
+	if !slices.Equal(names, reservedHeaders) || !slices.Equal(prefixes, reservedHeaderPrefixes) {
+		t.Fatalf("migration 008 reserves %q and prefixes %q; ReservedHeader %q and %q", names, prefixes, reservedHeaders, reservedHeaderPrefixes)
 	}
 }
