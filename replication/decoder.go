@@ -13,6 +13,7 @@ type Decoder struct {
 	cols          Columns
 	tmpl          *topicTemplate
 	hdrCols       []HeaderColumn
+	reservedHdrs  []string
 	messages      bool
 	nullPayload   bool
 	verifier      *messageVerifier
@@ -36,15 +37,16 @@ const (
 // NewDecoder returns a Decoder for the outbox table described by cfg.
 func NewDecoder(cfg DecoderConfig) *Decoder {
 	d := &Decoder{
-		schema:      or(cfg.Schema, "public"),
-		table:       or(cfg.Table, "outbox"),
-		cols:        cfg.columns(),
-		hdrCols:     cfg.HeaderColumns,
-		messages:    cfg.Messages,
-		nullPayload: cfg.NullPayload,
-		verifier:    newMessageVerifier(cfg.MessageKey),
-		rels:        make(map[uint32]*relation),
-		interned:    make(map[string]string),
+		schema:       or(cfg.Schema, "public"),
+		table:        or(cfg.Table, "outbox"),
+		cols:         cfg.columns(),
+		hdrCols:      cfg.HeaderColumns,
+		reservedHdrs: cfg.ReservedHeaders,
+		messages:     cfg.Messages,
+		nullPayload:  cfg.NullPayload,
+		verifier:     newMessageVerifier(cfg.MessageKey),
+		rels:         make(map[uint32]*relation),
+		interned:     make(map[string]string),
 	}
 	// An invalid template is reported by Validate; here it routes nothing.
 	d.tmpl, _ = parseTopicTemplate(cfg.TopicTemplate)

@@ -24,7 +24,8 @@ const MessagePrefix = "outboxd"
 //
 // where <mac> is the 64 lower-case hex digits of HMAC-SHA256(key, "v2:" +
 // everything after "<mac>:"), each <n> is the decimal byte length of the
-// field after it, headers is a JSON object of string values and payload is
+// field after it, headers is a JSON object (of string values; a null one
+// is no header, see Decoder.appendJSONHeaders) and payload is
 // the rest: the text of a jsonb value. outbox_emit writes it with the key of
 // the table outbox_emit_key, which PUBLIC cannot read, so a message that
 // verifies was written by outbox_emit.
@@ -117,7 +118,8 @@ func (v *messageVerifier) verify(c []byte, lsn pglogrepl.LSN) (fields []byte, re
 // another prefix, or every message when messages are not enabled, mean
 // nothing for the outbox. An outboxd message that is not proven to come
 // from outbox_emit is KindRejected, never an error: whoever can emit one
-// (PUBLIC, by default) must not be able to stop the stream.
+// (PUBLIC, by default) must not be able to stop the stream. One that is
+// proven but cannot be an event is KindBad.
 func (d *Decoder) decodeMessage(b []byte) (Message, error) {
 	if !d.messages {
 		return Message{}, nil
@@ -140,9 +142,13 @@ func (d *Decoder) decodeMessage(b []byte) (Message, error) {
 	if reason != "" {
 		return reject(reason, detail)
 	}
-	ev, ok := parseMessageFields(fields)
-	if !ok {
-		return reject(RejectMalformed, "authentic, but its fields do not parse: "+quote(fields))
+	ev, hdrs, bad := d.parseMessageFields(fields)
+	if bad != "" {
+		// Authentic: outbox_emit wrote it, in a transaction that committed.
+		// Skipping it as a forgery would drop a real event without a
+		// trace, so it is a bad event: dead-lettered, or halting with the
+		// --skip-bad-event that names it.
+		return Message{Kind: KindBad, Bad: messageBad(lsn, fields, &ev, hdrs, bad)}, nil
 	}
 	ev.ID = int64(lsn)
 	if ev.Topic != "" {
@@ -151,33 +157,53 @@ func (d *Decoder) decodeMessage(b []byte) (Message, error) {
 	return Message{Kind: KindEvent, Event: ev}, nil
 }
 
+// messageBad is the bad event of the authentic outbox message at lsn with
+// fields (what follows its MAC) that cannot become an event for reason: its
+// id is the outbox-id it would have had, its columns the fields that
+// parsed (ev and its headers' text), or the whole of fields when they did
+// not.
+func messageBad(lsn pglogrepl.LSN, fields []byte, ev *Event, headers []byte, reason string) BadEvent {
+	id := strconv.FormatUint(uint64(lsn), 10)
+	b := BadEvent{ID: id, Reason: "outbox_emit message id=" + id + ": " + reason}
+	if ev.Payload == nil {
+		b.Columns = []ColumnText{{Name: "content", Value: bytes.Clone(fields)}}
+		return b
+	}
+	b.Columns = []ColumnText{
+		{Name: "topic", Value: []byte(ev.Topic)},
+		{Name: "key", Value: []byte(ev.AggregateID)},
+		{Name: "headers", Value: bytes.Clone(headers)},
+		{Name: "payload", Value: ev.Payload},
+	}
+	return b
+}
+
 // parseMessageFields parses what follows the version (and MAC) of an
-// outbox message: <n>:<topic><n>:<key><n>:<headers><payload>.
-func parseMessageFields(c []byte) (Event, bool) {
-	var ev Event
+// outbox message: <n>:<topic><n>:<key><n>:<headers><payload>. bad says why
+// it cannot be an event; ev then holds the fields that parsed, its Payload
+// nil when the framing itself did not. headers is the headers field's text.
+func (d *Decoder) parseMessageFields(c []byte) (ev Event, headers []byte, bad string) {
 	var fields [3][]byte
 	for i := range fields {
 		colon := bytes.IndexByte(c, ':')
 		if colon < 1 || colon > 10 {
-			return ev, false
+			return ev, nil, "its fields do not parse: " + quote(c)
 		}
 		n, err := strconv.ParseUint(string(c[:colon]), 10, 31)
 		if err != nil || uint64(len(c)-colon-1) < n {
-			return ev, false
+			return ev, nil, "its fields do not parse: " + quote(c)
 		}
 		fields[i] = c[colon+1 : colon+1+int(n)]
 		c = c[colon+1+int(n):]
 	}
 	ev.Topic = string(fields[0])
 	ev.AggregateID = string(fields[1])
-	hs, ok := appendJSONHeaders(nil, fields[2])
-	if !ok {
-		return ev, false
-	}
-	ev.Headers = hs
 	ev.Payload = bytes.Clone(c)
 	if ev.Payload == nil {
 		ev.Payload = []byte{}
 	}
-	return ev, true
+	if ev.Headers, bad = d.appendJSONHeaders(nil, fields[2]); bad != "" {
+		return ev, fields[2], "headers " + bad
+	}
+	return ev, fields[2], ""
 }
