@@ -233,7 +233,7 @@ func (d *Decoder) decodeMessage(b []byte) (Message, error) {
 	if !ok {
 		return reject(RejectMalformed, "authentic, but its fields do not parse: "+quote(fields))
 	}
-	ev.ID = int64(lsn)
+	ev.ID, ev.IDIsLSN = int64(lsn), true
 	if ev.Topic != "" {
 		ev.Topic = d.intern([]byte(ev.Topic), &d.lastTopic)
 	}

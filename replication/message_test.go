@@ -67,6 +67,9 @@ func TestDecodeOutboxMessages(t *testing.T) {
 	if s := diffEvent(msgs[1].Event, want); s != "" {
 		t.Error(s)
 	}
+	if !msgs[1].Event.IDIsLSN {
+		t.Error("a message's event does not say its id is an LSN: it would count as a row id")
+	}
 	if msgs[2].Kind != KindNone {
 		t.Errorf("message of another prefix: Kind %v, want none", msgs[2].Kind)
 	}
