@@ -33,7 +33,9 @@
 -- outboxd session since, becomes the signing key; the old one stays as
 -- previous_key for messages signed by transactions that read it before the
 -- rotation committed. A running outboxd thus verifies the first rotation
--- after it started without a restart.
+-- after it started without a restart (a second one needs a new session
+-- first: restart outboxd between two rotations). The function belongs to
+-- the role running migrate and is not granted to anyone.
 LOCK TABLE outbox_emit_key IN ACCESS EXCLUSIVE MODE;
 
 -- The HMAC pad of a key of at most 64 bytes: each byte XOR pad, then pad
@@ -104,18 +106,32 @@ BEGIN
 END
 $body$;
 
-CREATE OR REPLACE FUNCTION outbox_emit_rotate_key()
+CREATE OR REPLACE FUNCTION outbox_emit_rotate_key(forget_old_keys boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $body$
 BEGIN
+    IF forget_old_keys THEN
+        -- After the keys leaked (a backup, a dump or WAL holding this
+        -- table): two fresh keys and no previous one. outboxd sessions that
+        -- started before know neither, so pause the writers, let outboxd
+        -- drain and restart it around this call. Also installs a key in a
+        -- table restored without its row.
+        INSERT INTO %1$I.outbox_emit_key (key, next_key, installed_lsn, v3_installed_lsn)
+        VALUES (uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
+                uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()),
+                pg_current_wal_insert_lsn(), pg_current_wal_insert_lsn())
+        ON CONFLICT (only_row) DO UPDATE
+        SET key = EXCLUDED.key, next_key = EXCLUDED.next_key, previous_key = NULL;
+        RETURN;
+    END IF;
     UPDATE %1$I.outbox_emit_key
     SET previous_key = key,
         key = next_key,
         next_key = uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid());
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'outbox_emit_rotate_key: outbox_emit_key holds no key';
+        RAISE EXCEPTION 'outbox_emit_rotate_key: outbox_emit_key holds no key: call outbox_emit_rotate_key(true)';
     END IF;
 END
 $body$;
@@ -124,4 +140,4 @@ END
 $do$;
 
 REVOKE ALL ON FUNCTION outbox_emit(text, text, jsonb, jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox_emit_rotate_key() FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox_emit_rotate_key(boolean) FROM PUBLIC;

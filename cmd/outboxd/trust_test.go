@@ -322,7 +322,7 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 		}
 		return string(b)
 	}
-	e.exec(`DROP TABLE outbox_emit_key; DROP FUNCTION outbox_emit_rotate_key(); DROP FUNCTION outbox_emit_pad(bytea, integer);
+	e.exec(`DROP TABLE outbox_emit_key; DROP FUNCTION outbox_emit_rotate_key(boolean); DROP FUNCTION outbox_emit_pad(bytea, integer);
 		DELETE FROM outboxd_schema_migrations WHERE version = '008'`)
 	e.exec(v2("006_outbox_emit.sql"))
 	e.exec(v2("007_outbox_emit_key.sql"))
