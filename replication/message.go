@@ -52,7 +52,8 @@ type MessageKey struct {
 	// Key signs outbox_emit's messages now. Next is the key the next
 	// outbox_emit_rotate_key() makes the signing key, Previous (nil: none)
 	// the one the last rotation retired: a session verifies with all
-	// three, so a rotation while it runs loses nothing.
+	// three, so the first rotation while it runs loses nothing (a second
+	// signs with a key only a new session reads).
 	Key, Next, Previous []byte
 	// InstalledLSN is the WAL position when the key was installed: format
 	// v1 messages below it predate authentication and are accepted.
