@@ -71,6 +71,18 @@ func cmdMigrate(ctx context.Context, args []string) error {
 	if len(applied) == 0 {
 		fmt.Println("migrate: up to date")
 	}
+	// The migrations go into the connection's current schema; run reads
+	// outbox_emit's key from --schema by name. Said now, or run would not
+	// find it (and, under --source=cdc, read on without messages).
+	var current string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&current); err != nil {
+		return fmt.Errorf("read the current schema: %w", err)
+	}
+	if current != o.slot.Schema {
+		logger.Warn("outboxd's migrations are in another schema than --schema", zap.String("current_schema", current), zap.String("schema", o.slot.Schema))
+		fmt.Printf("migrate: warning: outbox_emit, its key and the outbox table are in schema %q (this connection's search_path), not --schema %q: pass --schema %q to outboxd run, or migrate with that search_path\n",
+			current, o.slot.Schema, current)
+	}
 	// outbox_emit's messages are authenticated either way; revoking also
 	// stops any role from writing WAL with outboxd's prefix at all.
 	left, err := slot.RevokePublicEmit(ctx, conn)

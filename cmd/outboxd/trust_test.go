@@ -360,3 +360,28 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestMigrateWarnsWhenSchemaDiffers: migrate installs into its connection's
+// current schema and run reads outbox_emit's key from --schema by name, so
+// migrate says so when the two differ (run would not find the key) and is
+// quiet when they agree.
+func TestMigrateWarnsWhenSchemaDiffers(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	pg.Exec(t, `CREATE SCHEMA events`)
+	u, err := url.Parse(pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", "events") // pgx sends it as a run-time parameter
+	u.RawQuery = q.Encode()
+	m := startDaemon(t, "migrate", "--pg-dsn", u.String())
+	if code := m.wait(60 * time.Second); code != 0 || !strings.Contains(m.out.String(), `not --schema "public": pass --schema "events"`) {
+		t.Fatalf("migrate into schema events, --schema public: exit %d, want the warning:\n%s", code, m.out.String())
+	}
+	m = startDaemon(t, "migrate", "--pg-dsn", u.String(), "--schema", "events")
+	if code := m.wait(60 * time.Second); code != 0 || strings.Contains(m.out.String(), "warning: outbox_emit") {
+		t.Fatalf("migrate into schema events, --schema events: exit %d, want no warning:\n%s", code, m.out.String())
+	}
+}
