@@ -98,6 +98,33 @@ func cmdMigrate(ctx context.Context, args []string) error {
 	return nil
 }
 
+// cmdEmitKeyRotate is "outboxd emit-key rotate": SELECT
+// outbox_emit_rotate_key() in --schema, as the role that ran migrate (it
+// owns the key table; nobody else may rotate).
+func cmdEmitKeyRotate(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("emit-key rotate", &o)
+	forget := fs.Bool("forget-old-keys", false, "replace all three keys (signing, staged and previous) at once, after they leaked; pause the writers, let outboxd drain and restart it around it: running sessions know none of the new keys")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	fn := pgx.Identifier{o.slot.Schema, "outbox_emit_rotate_key"}.Sanitize()
+	if _, err := conn.Exec(ctx, `SELECT `+fn+`($1)`, *forget); err != nil {
+		return fmt.Errorf("emit-key rotate: %s: %w", fn, err)
+	}
+	if *forget {
+		fmt.Println("emit-key rotate: replaced every key; restart outboxd (its sessions know none of them)")
+	} else {
+		fmt.Println("emit-key rotate: the staged key signs now, the old one is kept as previous; restart outboxd before rotating again")
+	}
+	return nil
+}
+
 func cmdSlotCreate(ctx context.Context, args []string) error {
 	var o options
 	if err := parse(newFlagSet("slot create", &o), args); err != nil {

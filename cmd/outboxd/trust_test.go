@@ -385,3 +385,37 @@ func TestMigrateWarnsWhenSchemaDiffers(t *testing.T) {
 		t.Fatalf("migrate into schema events, --schema events: exit %d, want no warning:\n%s", code, m.out.String())
 	}
 }
+
+// TestEmitKeyRotate: "outboxd emit-key rotate" promotes the staged key and
+// keeps the old one as previous; --forget-old-keys replaces all of them.
+func TestEmitKeyRotate(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	ctx := context.Background()
+	if m := startDaemon(t, "migrate", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
+		t.Fatalf("migrate:\n%s", m.out.String())
+	}
+	keys := func() (key, next, previous []byte) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT key, next_key, previous_key FROM outbox_emit_key`).Scan(&key, &next, &previous); err != nil {
+			t.Fatal(err)
+		}
+		return key, next, previous
+	}
+	k0, n0, _ := keys()
+	if m := startDaemon(t, "emit-key", "rotate", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
+		t.Fatalf("emit-key rotate:\n%s", m.out.String())
+	}
+	k1, n1, p1 := keys()
+	if !bytes.Equal(k1, n0) || !bytes.Equal(p1, k0) || bytes.Equal(n1, n0) {
+		t.Fatalf("after rotate: key %x (staged was %x), previous %x (key was %x), next %x", k1, n0, p1, k0, n1)
+	}
+	if m := startDaemon(t, "emit-key", "rotate", "--forget-old-keys", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
+		t.Fatalf("emit-key rotate --forget-old-keys:\n%s", m.out.String())
+	}
+	k2, n2, p2 := keys()
+	if bytes.Equal(k2, k1) || bytes.Equal(k2, n1) || bytes.Equal(n2, n1) || p2 != nil {
+		t.Fatalf("after --forget-old-keys: key %x, next %x, previous %x; want all new, no previous", k2, n2, p2)
+	}
+}
