@@ -19,6 +19,7 @@ type Decoder struct {
 	verifier      *messageVerifier
 	rels          map[uint32]*relation
 	inTxn         bool
+	xid           uint32 // of the transaction in hand (inTxn)
 	// row holds the value spans of the outbox row being decoded.
 	row      []span
 	topicBuf []byte
@@ -93,7 +94,7 @@ func (d *Decoder) decodeBegin(b []byte) (Message, error) {
 	if d.inTxn {
 		return Message{}, protoErr(b, 0, "begin inside a transaction")
 	}
-	d.inTxn = true
+	d.inTxn, d.xid = true, m.xid
 	return Message{Kind: KindBegin, Begin: Begin{FinalLSN: m.finalLSN, CommitTime: m.commitTime, Xid: m.xid}}, nil
 }
 
