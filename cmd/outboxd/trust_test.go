@@ -192,7 +192,7 @@ func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version IN ('007', '008')`)
+	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version IN ('007', '008', '009')`)
 	e.exec(string(old))
 	d := startDaemon(t, e.args()...)
 	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `without its MAC key`) ||
@@ -323,7 +323,7 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 		return string(b)
 	}
 	e.exec(`DROP TABLE outbox_emit_key; DROP FUNCTION outbox_emit_rotate_key(boolean); DROP FUNCTION outbox_emit_pad(bytea, integer);
-		DELETE FROM outboxd_schema_migrations WHERE version = '008'`)
+		DELETE FROM outboxd_schema_migrations WHERE version IN ('008', '009')`)
 	e.exec(v2("006_outbox_emit.sql"))
 	e.exec(v2("007_outbox_emit_key.sql"))
 	d := startDaemon(t, e.args()...)
