@@ -161,6 +161,15 @@ func TestKafkaTransactionalIDExpiredRealBroker(t *testing.T) {
 	})
 	k := &testenv.KafkaEnv{Brokers: srv.Brokers}
 	topic := k.Topic(t, "expire", 1)
+	// A broker just started creates and loads its transaction log on the
+	// first transactional request, answering NOT_COORDINATOR meanwhile: on
+	// a loaded machine longer than the 5 s below, which bound what this
+	// test is about (the record after the expiry). Wait for it with a
+	// producer of its own, whose init may take up to 50 s (under the
+	// transaction timeout of a minute).
+	warm := txnConfig(srv.Brokers, "tx-warm-up")
+	warm.DeliveryTimeout = 50 * time.Second
+	_ = newTestProducer(t, warm) // closed at cleanup
 	cfg := txnConfig(srv.Brokers, "tx-expire")
 	cfg.TransactionTimeout = 10 * time.Second
 	cfg.DeliveryTimeout = 5 * time.Second
