@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"os/exec"
@@ -76,5 +77,42 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 		if code, _ := e.runAudit(args...); code != 2 {
 			t.Errorf("outboxd audit %v: exit %d, want 2 (usage)", args, code)
 		}
+	}
+}
+
+// TestAuditPublishFence: outbox_wait_published answers true once outboxd
+// confirmed a position read after a commit (Kafka has the event), false at
+// the timeout while no outboxd runs, and an error for a slot that does not
+// exist.
+func TestAuditPublishFence(t *testing.T) {
+	e := newEnv(t, 1)
+	d := e.start()
+	ctx := context.Background()
+	c := e.conn()
+	defer c.Close(ctx)
+	fence := func(timeout string) (bool, error) {
+		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.topic)
+		var ok bool
+		err := c.QueryRow(ctx, `SELECT outbox_wait_published(pg_current_wal_lsn(), $1::interval, $2)`, timeout, e.slot).Scan(&ok)
+		return ok, err
+	}
+	if ok, err := fence("60 seconds"); err != nil || !ok {
+		t.Fatalf("with outboxd running: %v, %v; want true", ok, err)
+	}
+	if code, _ := e.runAudit("--from-id", "1"); code != 0 {
+		t.Fatalf("audit right after the fence: exit %d, want 0 (the event is in Kafka)", code)
+	}
+	d.stop()
+	start := time.Now()
+	if ok, err := fence("300 milliseconds"); err != nil || ok {
+		t.Fatalf("with outboxd stopped: %v, %v; want false", ok, err)
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("false after %s, before the timeout", waited)
+	}
+	var ok bool
+	if err := c.QueryRow(ctx, `SELECT outbox_wait_published(pg_current_wal_lsn(), '1 second', 'no_such_slot')`).Scan(&ok); err == nil ||
+		!strings.Contains(err.Error(), `no replication slot named "no_such_slot"`) {
+		t.Fatalf("unknown slot: %v, %v; want an error naming it", ok, err)
 	}
 }
