@@ -53,12 +53,16 @@
 // hash of its first delivery, partition, offset, delivery count, the hash of
 // its origin header, its topic, flags), in one array indexed by id:
 //
-//	bytes ≈ 32 × (hi − lo + 1)            the rows' id range, lo..hi
-//	      + (tableMin − FromID) / 8       id mode: one bit per id below the lowest row
-//	      + 48 × keys of one partition    the order check, cleared per partition
-//	      + 2 × 16 MiB                    one fetch response and its decoded batches
-//	      + examples × verdicts × 8       ids listed per verdict (Config.Examples)
+//	live ≈ 32 × (hi − lo + 1)             the rows' id range, lo..hi
+//	     + (tableMin − FromID) / 8        id mode: one bit per id below the lowest row
+//	     + 48 × keys of one partition     the order check, cleared per partition
+//	     + 2 × 16 MiB                     one fetch response and its decoded records
+//	     + 8 × examples × verdicts        ids listed per verdict and topic (Config.Examples)
+//	     + 16 × missing ranges            consecutive missing ids, for a repair
+//	peak RSS ≈ 2 × live + 20 MiB          Go's collector (GOGC=100), runtime and binary
 //
-// so 1,000,000 ids cost 32 MB of entries. A range wider than MaxIDs ids is
-// refused (narrow it, or raise MaxIDs).
+// so 1,000,000 ids cost 32 MB of entries; measured ("make bench-audit",
+// 1,000,000 events of 10,000 keys on 6 partitions): 124 MiB peak RSS, in
+// 3.8 s. A range wider than MaxIDs ids is refused (narrow it, or raise
+// MaxIDs).
 package audit

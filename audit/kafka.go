@@ -192,6 +192,11 @@ func (a *auditor) readPartition(ctx context.Context, client sarama.Client, r *pa
 				off = r.hwm
 				break
 			}
+			if rb.PartialTrailingRecord {
+				// Cut off by the fetch's size: the next fetch starts
+				// with it (a batch that comes first comes whole).
+				break
+			}
 			for len(aborted) > 0 && minFirstOffset(aborted) <= last {
 				i := indexMinFirstOffset(aborted)
 				abortedBy[aborted[i].ProducerID] = true
