@@ -201,6 +201,16 @@ func TestAuditCleanRangeReadCommitted(t *testing.T) {
 	if tr := b.only(rep); !rep.Clean || tr.Rows != 30 {
 		t.Fatalf("by time: clean %v (%v), rows %d; want clean, 30", rep.Clean, rep.Verdicts, tr.Rows)
 	}
+	// Partitions read from an offset found by time: from before the rows,
+	// everything; from after the records' timestamps, nothing.
+	rep = b.audit(func(c *audit.Config) { c.FromOffsetTime = time.Now().Add(-time.Hour) })
+	if tr := b.only(rep); !rep.Clean || tr.Records != 30 {
+		t.Fatalf("--from-offset-time an hour ago: clean %v (%v), records %d; want clean, 30", rep.Clean, rep.Verdicts, tr.Records)
+	}
+	rep = b.audit(func(c *audit.Config) { c.FromOffsetTime = time.Now().Add(time.Hour) })
+	if tr := b.only(rep); tr.Records != 0 || tr.Missing.Count != 30 {
+		t.Fatalf("--from-offset-time in an hour: records %d, missing %d; want 0, 30", tr.Records, tr.Missing.Count)
+	}
 }
 
 // TestAuditMissing: rows that never reached Kafka (written while no
@@ -324,5 +334,47 @@ func TestAuditRetainedAway(t *testing.T) {
 	tr = b.only(rep)
 	if rep.Clean || !slices.Equal(tr.Unknown.IDs, []int64{6, 50}) || tr.Retained.Count != 3 {
 		t.Fatalf("unknown %+v, retained %+v, verdicts %v; want unknown 6 and 50, 3 retained", tr.Unknown, tr.Retained, rep.Verdicts)
+	}
+}
+
+// TestAuditWaitsForTheLastStableOffset: a transaction open when the audit
+// starts holds the partition's last stable offset below the high watermark;
+// the audit does not judge the partition before it is decided — it gives
+// up at --stable-timeout naming the reason, and once the transaction
+// committed, its record counts.
+func TestAuditWaitsForTheLastStableOffset(t *testing.T) {
+	b := newBench(t, 1)
+	b.insert(4, 1)
+	b.send(origin, 1, 2, 3)
+	sc := b.k.Config()
+	sc.Producer.Idempotent = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Net.MaxOpenRequests = 1
+	sc.Producer.Transaction.ID = testenv.UniqueName("audit-open")
+	tp, err := sarama.NewSyncProducer(b.k.Brokers, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Close()
+	if err := tp.BeginTxn(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tp.SendMessage(b.message(4, origin)); err != nil {
+		t.Fatal(err)
+	}
+	cfg := audit.DefaultConfig()
+	cfg.FromID, cfg.StableTimeout = 1, 500*time.Millisecond
+	kcfg := kafka.DefaultConfig()
+	kcfg.Brokers = b.k.Brokers
+	_, err = audit.Run(context.Background(), b.conn, kcfg, cfg)
+	if err == nil || !strings.Contains(err.Error(), "last stable offset") || !strings.Contains(err.Error(), "--stable-timeout") {
+		t.Fatalf("audit with a transaction open: %v; want the last stable offset named", err)
+	}
+	if err := tp.CommitTxn(); err != nil {
+		t.Fatal(err)
+	}
+	rep := b.audit(nil)
+	if tr := b.only(rep); !rep.Clean || tr.Records != 4 {
+		t.Fatalf("after the commit: clean %v (%v), records %d; want clean, 4", rep.Clean, rep.Verdicts, tr.Records)
 	}
 }
