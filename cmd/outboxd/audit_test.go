@@ -116,3 +116,23 @@ func TestAuditPublishFence(t *testing.T) {
 		t.Fatalf("unknown slot: %v, %v; want an error naming it", ok, err)
 	}
 }
+
+// TestAuditExactlyOnceRunIsClean: records outboxd published in Kafka
+// transactions (control batches between them, the checkpoint inside) audit
+// clean, and a publish fence on that run answers once they are committed.
+func TestAuditExactlyOnceRunIsClean(t *testing.T) {
+	e := newEnv(t, 3)
+	d := e.start("--delivery", "exactly-once")
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.topic)
+	c := e.conn()
+	defer c.Close(context.Background())
+	var ok bool
+	if err := c.QueryRow(context.Background(), `SELECT outbox_wait_published(pg_current_wal_lsn(), '60 seconds', $1)`, e.slot).Scan(&ok); err != nil || !ok {
+		t.Fatalf("fence: %v, %v; want true", ok, err)
+	}
+	if code, out := e.runAudit("--from-id", "1", "--delivery", "exactly-once"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+		t.Fatalf("exactly-once: exit %d, want 0 and clean", code)
+	}
+	d.stop()
+}
