@@ -121,9 +121,10 @@ type auditor struct {
 	// empty, every record is below it).
 	tableMin int64
 	noRows   bool
-	// retainedSeen has a bit per id from cfg.FromID to tableMin (id mode):
+	// retainedSeen has a bit per id from retainedBase to tableMin:
 	// records with no row below the lowest one, counted once per id.
 	retainedSeen []uint64
+	retainedBase int64 // the id of retainedSeen's first bit
 	rep          *Report
 }
 
@@ -235,17 +236,25 @@ func (a *auditor) bounds(ctx context.Context, conn *pgx.Conn, tbl *table) error 
 	return a.sizeRetained()
 }
 
-// sizeRetained makes the bitmap of ids below the lowest row (id mode).
+// sizeRetained makes the bitmap of ids below the lowest row: from FromID
+// (by time: from 1, ids of a sequence) to it.
 func (a *auditor) sizeRetained() error {
-	if !a.cfg.byID() || a.tableMin <= a.cfg.FromID || (a.noRows && a.cfg.ToID == 0) {
+	a.retainedBase = a.cfg.FromID
+	if !a.cfg.byID() {
+		a.retainedBase = 1
+	}
+	if a.tableMin <= a.retainedBase || (a.noRows && a.cfg.ToID == 0) {
 		return nil // records below the lowest row are counted, not told apart
 	}
 	top := a.tableMin
 	if a.cfg.ToID != 0 {
 		top = min(top, a.cfg.ToID+1)
 	}
-	n := top - a.cfg.FromID
+	n := top - a.retainedBase
 	if n > 8*a.cfg.MaxIDs {
+		if !a.cfg.byID() {
+			return nil // too many to tell apart: counted
+		}
 		return fmt.Errorf("audit: ids %d to %d lie below the lowest row (%d) and are too many to count one bit each: start --from-id nearer to it", a.cfg.FromID, top-1, a.tableMin)
 	}
 	a.retainedSeen = make([]uint64, (n+63)/64)
@@ -298,13 +307,18 @@ func (a *auditor) add(r *record) (firstDelivery bool) {
 		return false
 	case r.id < a.tableMin && a.inScopeBelow(r):
 		st.Records++
-		if i := r.id - a.cfg.FromID; i/64 < int64(len(a.retainedSeen)) {
-			if a.retainedSeen[i/64]&(1<<(i%64)) != 0 {
-				st.RetainedDuplicates++
-				return false
-			}
-			a.retainedSeen[i/64] |= 1 << (i % 64)
+		i := r.id - a.retainedBase
+		if i < 0 || i/64 >= int64(len(a.retainedSeen)) {
+			// Not told apart from its copies: counted, and left out of
+			// the order check (a copy is not a first delivery).
+			st.Retained.add(r.id, a.cfg.Examples)
+			return false
 		}
+		if a.retainedSeen[i/64]&(1<<(i%64)) != 0 {
+			st.RetainedDuplicates++
+			return false
+		}
+		a.retainedSeen[i/64] |= 1 << (i % 64)
 		st.Retained.add(r.id, a.cfg.Examples)
 		return true
 	case a.inScopeAbove(r):

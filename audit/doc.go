@@ -54,7 +54,7 @@
 // its origin header, its topic, flags), in one array indexed by id:
 //
 //	live ≈ 32 × (hi − lo + 1)             the rows' id range, lo..hi
-//	     + (tableMin − FromID) / 8        id mode: one bit per id below the lowest row
+//	     + (tableMin − FromID) / 8        one bit per id below the lowest row (by time: from id 1)
 //	     + 48 × keys of one partition     the order check, cleared per partition
 //	     + 2 × 16 MiB                     one fetch response and its decoded records
 //	     + 8 × examples × verdicts        ids listed per verdict and topic (Config.Examples)

@@ -98,8 +98,9 @@ type TopicReport struct {
 	// Retained are the ids of records below the lowest row: delivered,
 	// not checkable (retention deleted their rows). Not a verdict.
 	Retained Verdict `json:"retained"`
-	// RetainedDuplicates are further copies among them (told apart by id
-	// only with --from-id; by time every copy counts in Retained).
+	// RetainedDuplicates are further copies among them (where they cannot
+	// be told apart — more ids than a bit each for MaxIDs × 8, or an empty
+	// table — every copy counts in Retained).
 	RetainedDuplicates int64 `json:"retained_duplicates"`
 	// Unknown are records with no row at or above the lowest one.
 	Unknown Verdict `json:"unknown_origin"`
@@ -213,7 +214,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			}
 		}
 		if t.Retained.Count > 0 {
-			fmt.Fprintf(&b, "%s: retained: %s below the lowest row (%d more copies): proven delivered, not checked against a row (retention deleted it)\n",
+			fmt.Fprintf(&b, "%s: retained: %s below the lowest row (further copies: %d): proven delivered, not checked against a row (retention deleted it)\n",
 				t.Topic, ids(t.Retained), t.RetainedDuplicates)
 		}
 	}
