@@ -162,7 +162,17 @@ func Run(ctx context.Context, conn *pgx.Conn, kcfg kafka.Config, cfg Config) (*R
 	if err := a.readRows(ctx, conn, tbl); err != nil {
 		return nil, err
 	}
-	a.noRowRecords()
+	// Retention may have deleted rows while the audit read: a record whose
+	// row went meanwhile is retained, not of unknown origin.
+	var after *int64
+	if err := conn.QueryRow(ctx, `SELECT min(id)::int8 FROM `+tbl.name).Scan(&after); err != nil {
+		return nil, fmt.Errorf("audit: read the ids of %s: %w", tbl.plain, err)
+	}
+	lowestAfter := a.hi + 1
+	if after != nil {
+		lowestAfter = *after
+	}
+	a.noRowRecords(lowestAfter)
 	for _, s := range a.stats {
 		rep.Topics = append(rep.Topics, *s)
 	}
@@ -350,12 +360,20 @@ func (a *auditor) inScopeAbove(r *record) bool {
 }
 
 // noRowRecords reports the entries no row claimed: ids inside the rows'
-// range without a row.
-func (a *auditor) noRowRecords() {
+// range without a row — retained when below lowestAfter, the table's
+// lowest id once the rows were read, else of unknown origin.
+func (a *auditor) noRowRecords(lowestAfter int64) {
 	for i := range a.entries {
 		e := &a.entries[i]
-		if e.count > 0 && e.flags&flagRow == 0 {
-			a.stats[e.topic].Unknown.add(a.lo+int64(i), a.cfg.Examples)
+		if e.count == 0 || e.flags&flagRow != 0 {
+			continue
 		}
+		st, id := a.stats[e.topic], a.lo+int64(i)
+		if id < lowestAfter {
+			// Its copies were counted as duplicates when read.
+			st.Retained.add(id, a.cfg.Examples)
+			continue
+		}
+		st.Unknown.add(id, a.cfg.Examples)
 	}
 }
