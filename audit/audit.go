@@ -134,14 +134,24 @@ func Run(ctx context.Context, conn *pgx.Conn, kcfg kafka.Config, cfg Config) (*R
 		return nil, err
 	}
 	a := &auditor{cfg: cfg, seed: maphash.MakeSeed(), byName: map[string]uint16{}}
-	tbl, err := inspect(ctx, conn, cfg)
+	// One snapshot for every read of the table, taken before the high
+	// watermarks are noted: the rows judged are those committed then, and a
+	// row retention deletes meanwhile is still read (and checked) rather
+	// than leaving its record without a row. It holds back vacuum for as
+	// long as the audit reads.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("audit: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // read only: nothing to keep
+	tbl, err := inspect(ctx, tx, cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := a.bounds(ctx, conn, tbl); err != nil {
+	if err := a.bounds(ctx, tx, tbl); err != nil {
 		return nil, err
 	}
-	topics, err := a.rowTopics(ctx, conn, tbl)
+	topics, err := a.rowTopics(ctx, tx, tbl)
 	if err != nil {
 		return nil, err
 	}
@@ -159,20 +169,10 @@ func Run(ctx context.Context, conn *pgx.Conn, kcfg kafka.Config, cfg Config) (*R
 	if err := a.readKafka(ctx, kcfg); err != nil {
 		return nil, err
 	}
-	if err := a.readRows(ctx, conn, tbl); err != nil {
+	if err := a.readRows(ctx, tx, tbl); err != nil {
 		return nil, err
 	}
-	// Retention may have deleted rows while the audit read: a record whose
-	// row went meanwhile is retained, not of unknown origin.
-	var after *int64
-	if err := conn.QueryRow(ctx, `SELECT min(id)::int8 FROM `+tbl.name).Scan(&after); err != nil {
-		return nil, fmt.Errorf("audit: read the ids of %s: %w", tbl.plain, err)
-	}
-	lowestAfter := a.hi + 1
-	if after != nil {
-		lowestAfter = *after
-	}
-	a.noRowRecords(lowestAfter)
+	a.noRowRecords()
 	for _, s := range a.stats {
 		rep.Topics = append(rep.Topics, *s)
 	}
@@ -204,7 +204,7 @@ func (a *auditor) topic(t string) uint16 {
 
 // bounds reads the table's lowest id and the range's ids, and sizes the
 // entries.
-func (a *auditor) bounds(ctx context.Context, conn *pgx.Conn, tbl *table) error {
+func (a *auditor) bounds(ctx context.Context, conn pgx.Tx, tbl *table) error {
 	var tmin, tmax *int64
 	if err := conn.QueryRow(ctx, `SELECT min(id)::int8, max(id)::int8 FROM `+tbl.name).Scan(&tmin, &tmax); err != nil {
 		return fmt.Errorf("audit: read the ids of %s: %w", tbl.plain, err)
@@ -360,20 +360,12 @@ func (a *auditor) inScopeAbove(r *record) bool {
 }
 
 // noRowRecords reports the entries no row claimed: ids inside the rows'
-// range without a row — retained when below lowestAfter, the table's
-// lowest id once the rows were read, else of unknown origin.
-func (a *auditor) noRowRecords(lowestAfter int64) {
+// range without a row (in the audit's snapshot), of unknown origin.
+func (a *auditor) noRowRecords() {
 	for i := range a.entries {
 		e := &a.entries[i]
-		if e.count == 0 || e.flags&flagRow != 0 {
-			continue
+		if e.count > 0 && e.flags&flagRow == 0 {
+			a.stats[e.topic].Unknown.add(a.lo+int64(i), a.cfg.Examples)
 		}
-		st, id := a.stats[e.topic], a.lo+int64(i)
-		if id < lowestAfter {
-			// Its copies were counted as duplicates when read.
-			st.Retained.add(id, a.cfg.Examples)
-			continue
-		}
-		st.Unknown.add(id, a.cfg.Examples)
 	}
 }

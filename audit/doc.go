@@ -12,7 +12,10 @@
 //     last stable offset to pass it, so that a transaction open at the start
 //     is decided rather than left out; each record is indexed by its
 //     outbox-id header;
-//   - then the rows, in id order, each compared with its records.
+//   - then the rows, in id order, each compared with its records, all read
+//     in one read-only REPEATABLE READ snapshot taken before the high
+//     watermarks are noted (a row retention deletes meanwhile is still
+//     checked; the snapshot holds back vacuum while the audit reads).
 //
 // The verdicts, per topic:
 //

@@ -27,7 +27,7 @@ type table struct {
 // inspect reads the table's columns and builds the row query. Each value is
 // selected in the form the pgoutput decoder sees it (text output; a bytea
 // payload raw), so that outbox.NewRecord builds the record outboxd built.
-func inspect(ctx context.Context, conn *pgx.Conn, cfg Config) (*table, error) {
+func inspect(ctx context.Context, conn pgx.Tx, cfg Config) (*table, error) {
 	t := &table{name: pgx.Identifier{cfg.Schema, cfg.Table}.Sanitize(), plain: cfg.Schema + "." + cfg.Table}
 	rows, err := conn.Query(ctx, `
 		SELECT a.attname, t.typname
@@ -104,7 +104,7 @@ func (t *table) timeWhere(n int) string {
 
 // rowTopics are the distinct topics of the rows in range (the default topic
 // for a NULL one).
-func (a *auditor) rowTopics(ctx context.Context, conn *pgx.Conn, tbl *table) ([]string, error) {
+func (a *auditor) rowTopics(ctx context.Context, conn pgx.Tx, tbl *table) ([]string, error) {
 	if !tbl.hasTopic || a.hi < a.lo {
 		return nil, nil
 	}
@@ -125,7 +125,7 @@ func (a *auditor) rowTopics(ctx context.Context, conn *pgx.Conn, tbl *table) ([]
 // row's created_at is its transaction's start, not its id's order, so rows
 // just outside the time range can sit between ids inside it, and their
 // records would otherwise count as having no row.
-func (a *auditor) readRows(ctx context.Context, conn *pgx.Conn, tbl *table) error {
+func (a *auditor) readRows(ctx context.Context, conn pgx.Tx, tbl *table) error {
 	if a.hi < a.lo {
 		return nil
 	}
