@@ -65,7 +65,7 @@
 //	peak RSS ≈ 2 × live + 20 MiB          Go's collector (GOGC=100), runtime and binary
 //
 // so 1,000,000 ids cost 32 MB of entries; measured ("make bench-audit",
-// 1,000,000 events of 10,000 keys on 6 partitions): 124 MiB peak RSS, in
-// 3.8 s. A range wider than MaxIDs ids is refused (narrow it, or raise
-// MaxIDs).
+// 1,000,000 events of 10,000 keys on 6 partitions): 124–126 MiB peak RSS,
+// 2.1–2.3 s of CPU. A range wider than MaxIDs ids is refused (narrow it,
+// or raise MaxIDs).
 package audit
