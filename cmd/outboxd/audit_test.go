@@ -73,6 +73,9 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 		t.Fatalf("--repair: exit %d, want 0 and clean after the repair", code)
 	}
 
+	if code, out := e.runAudit("--help"); code != 0 || !strings.Contains(out, "--from-id") || !strings.Contains(out, "--repair") {
+		t.Errorf("outboxd audit --help: exit %d, want 0 listing --from-id and --repair", code)
+	}
 	for _, args := range [][]string{{}, {"--from-id", "5", "--since", "2026-01-01T00:00:00Z"}, {"--since", "yesterday"}, {"--from-id", "9", "--to-id", "3"}} {
 		if code, _ := e.runAudit(args...); code != 2 {
 			t.Errorf("outboxd audit %v: exit %d, want 2 (usage)", args, code)
