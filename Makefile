@@ -184,6 +184,18 @@ bench-memory: deps
 	set -a; source ./.devstack.env; set +a; \
 	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./cmd/outboxd/ | tee bench/results/memory.txt
 
+## bench-audit: the wall time and peak RSS of outboxd audit (built without
+## -race) over BENCH_AUDIT_EVENTS events (1,000,000 by default): rows
+## inserted with generate_series, records produced by outboxd's producer
+## through the replay path, 6 partitions (needs the dev stack's
+## .devstack.env): bench/results/audit.txt
+BENCH_AUDIT_EVENTS ?= 1000000
+.PHONY: bench-audit
+bench-audit:
+	@set -euo pipefail; \
+	set -a; source ./.devstack.env; set +a; \
+	OUTBOXD_BENCH_AUDIT_EVENTS=$(BENCH_AUDIT_EVENTS) $(GO) test -count=1 -timeout 30m -run '^TestMeasureAudit$$' -v ./audit/ | tee bench/results/audit.txt
+
 ## bench-sustained: the highest rate the bare replication reader and then
 ## outboxd keep up with (p99 < 100 ms over 60 s windows) for 1-row and 100-row
 ## transactions, outboxd's as a fraction of the reader's, and the bottleneck

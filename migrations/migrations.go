@@ -2,8 +2,9 @@
 // embedded in the binary (the outbox table, 001_outbox.sql, and its headers
 // column, 005_outbox_headers.sql; the table-less outbox_emit, 006, the key
 // it signs its messages with, 007_outbox_emit_key.sql, its check of the
-// headers it is given, 008_outbox_emit_headers.sql, and the binding of each
-// message to its transaction and the key's rotation, 009_outbox_emit_xid.sql),
+// headers it is given, 008_outbox_emit_headers.sql, the binding of each
+// message to its transaction and the key's rotation, 009_outbox_emit_xid.sql,
+// and the publish fence outbox_wait_published, 010_outbox_wait_published.sql),
 // and
 // the small runner that applies them, [Apply]. Other owners run their own
 // numbered files with the same runner, [ApplyFS], each recording its versions

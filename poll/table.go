@@ -46,6 +46,9 @@ type table struct {
 	columns    []string // as found, for logs
 	hasTopic   bool
 	hasCreated bool
+	// reserved are the header names the mapping sets besides outboxd's
+	// own, which a row's headers must not name (as the decoder refuses).
+	reserved []string
 }
 
 // CheckTable reports whether cfg's outbox table can be polled as it is (it
@@ -89,7 +92,7 @@ func inspectFor(ctx context.Context, conn *pgx.Conn, cfg Config, poll bool) (*ta
 	default:
 		return nil, haltf(ErrSchema, "outbox table %s: column \"id\" has type %s, want an integer", plain, types["id"])
 	}
-	t := &table{name: qualified, plain: plain, columns: names}
+	t := &table{name: qualified, plain: plain, columns: names, reserved: cfg.Mapping.OwnHeaders()}
 	sel, err := t.selectColumns(types, cfg.DefaultTopic != "")
 	if err != nil {
 		return nil, err
@@ -169,6 +172,13 @@ func (t *table) selectColumns(types map[string]string, defaultTopic bool) ([]str
 	}
 	if types["event_type"] != "" {
 		sel = append(sel, id("event_type")+"::text")
+	} else {
+		sel = append(sel, "NULL::text")
+	}
+	// The headers column, as CDC sends it: a replayed or polled row
+	// without its headers would be another record than the one CDC built.
+	if types["headers"] != "" {
+		sel = append(sel, id("headers")+"::text")
 	} else {
 		sel = append(sel, "NULL::text")
 	}

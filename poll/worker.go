@@ -14,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
+	"github.com/outboxd/outboxd/replication"
 )
 
 // worker owns one connection and runs one polling transaction at a time.
@@ -245,12 +246,13 @@ func scanEvents(rows pgx.Rows, tbl *table, events []outbox.Event) ([]outbox.Even
 	var (
 		id                    int64
 		agg, topic, eventType pgtype.Text
+		headers               pgtype.Text
 		payload               []byte
 		created               pgtype.Timestamptz
 	)
 	for rows.Next() {
 		payload = nil
-		if err := rows.Scan(&id, &agg, &payload, &topic, &created, &eventType); err != nil {
+		if err := rows.Scan(&id, &agg, &payload, &topic, &created, &eventType, &headers); err != nil {
 			return events, haltf(ErrBadRow, "outbox table %s: read a row: %v", tbl.plain, err)
 		}
 		if !agg.Valid || payload == nil {
@@ -262,6 +264,12 @@ func scanEvents(rows pgx.Rows, tbl *table, events []outbox.Event) ([]outbox.Even
 		}
 		ev := outbox.Event{ID: id, AggregateID: agg.String, Payload: payload,
 			Topic: topic.String, EventType: eventType.String}
+		if headers.Valid {
+			var bad string
+			if ev.Headers, bad = replication.AppendJSONHeaders(nil, []byte(headers.String), tbl.reserved); bad != "" {
+				return events, haltf(ErrBadRow, "outbox row id=%d: column \"headers\" %s", id, bad)
+			}
+		}
 		if created.Valid {
 			if created.InfinityModifier != pgtype.Finite {
 				return events, haltf(ErrBadRow, "outbox row id=%d: column \"created_at\" is infinite", id)

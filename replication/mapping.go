@@ -310,6 +310,16 @@ func (d *Decoder) renderTopic(b []byte, rel *relation) string {
 	return d.intern(buf, &d.lastTopic)
 }
 
+// AppendJSONHeaders appends the headers v, the text of a headers column
+// (a JSON object, or JSON null: none), asks for to hs, as the decoder does
+// for a row: outboxd's own header names and reserved refused; bad says why
+// it cannot ("" when it can). Records built from rows read back from the
+// table (the audit, a replay) use it, so that they are the stream's.
+func AppendJSONHeaders(hs []Header, v []byte, reserved []string) (out []Header, bad string) {
+	d := &Decoder{reservedHdrs: reserved}
+	return d.appendJSONHeaders(hs, v)
+}
+
 // appendJSONHeaders appends the headers v, a JSON object (or JSON null:
 // none), asks for to hs, in document order; bad says why it cannot: the one
 // rule of both the headers column and outbox_emit's headers object. A

@@ -26,6 +26,9 @@ Usage:
                                  after outboxd refused a database that went back in time
                                  (restore, PITR, failover): move the outbox id sequence past
                                  the highest id published and start the checkpoint over
+  outboxd audit [flags]          proof of delivery: compare the rows of a range (--from-id or --since)
+                                 with their Kafka records: missing, duplicated, reordered, mismatched;
+                                 exit 0 clean, 1 on a verdict; --repair republishes the missing rows
   outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
   outboxd emit-key rotate [flags]
                                  rotate the key outbox_emit signs with (outbox_emit_rotate_key());
@@ -80,6 +83,8 @@ func dispatch(ctx context.Context, args []string) error {
 			return usageErrorf("emit-key needs a subcommand: rotate")
 		}
 		return cmdEmitKeyRotate(ctx, rest[1:])
+	case "audit":
+		return cmdAudit(ctx, rest)
 	case "checkpoint":
 		if len(rest) == 0 || rest[0] != "reset" {
 			return usageErrorf("checkpoint needs a subcommand: reset --to-current-history")
@@ -108,7 +113,7 @@ func dispatch(ctx context.Context, args []string) error {
 	return usageErrorf("unknown command %q%s (commands: %s)", cmd, didYouMean(cmd, commandNames...), strings.Join(commandNames, ", "))
 }
 
-var commandNames = []string{"run", "migrate", "slot", "status", "replay", "prune", "emit-key", "checkpoint", "config", "version", "help"}
+var commandNames = []string{"run", "migrate", "slot", "status", "replay", "audit", "prune", "emit-key", "checkpoint", "config", "version", "help"}
 
 const slotUsage = `Usage:
   outboxd slot create [flags]    create the publication and the replication slot

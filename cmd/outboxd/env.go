@@ -17,7 +17,8 @@ var devEnvNames = map[string]bool{"OUTBOXD_PG_VERSION": true, "OUTBOXD_KAFKA_NOD
 // knownKeys plus --config).
 var commandOnlyKeys = []string{"json", "publication-too", "since", "from-id", "to-id", "resume",
 	"replay-batch", "older-than", "published-only", "max-lag-bytes", "max-retained-wal-bytes",
-	"allow-inactive", connectFlag, "to-current-history", "forget-old-keys"}
+	"allow-inactive", connectFlag, "to-current-history", "forget-old-keys",
+	"until", "from-offset-time", "topic", "stable-timeout", "examples", "allow-duplicates", "repair"}
 
 // knownEnv are the environment variables of every setting of every command.
 func knownEnv() map[string]bool {

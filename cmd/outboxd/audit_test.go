@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd/audit"
+)
+
+// runAudit runs "outboxd audit" with args and returns its exit code and
+// stdout.
+func (e *env) runAudit(args ...string) (int, string) {
+	e.t.Helper()
+	a := append([]string{"audit", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
+		"--slot", e.slot, "--publication", e.slot, "--stable-timeout", "30s"}, args...)
+	cmd := exec.Command(binPath, a...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Logf("outboxd %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errb.String())
+	return code, out.String()
+}
+
+// TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing: what outboxd run
+// published (rows with and without a headers column value, two
+// partitions, the origin header) audits clean — the audit rebuilds records
+// as outboxd builds them; rows written while no outboxd ran, with the slot
+// moved past them, are missing (exit 1), and --repair republishes exactly
+// those, after which the audit is clean again. A range that is not one is a
+// usage error (exit 2).
+func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
+	e := newEnv(t, 2)
+	d := e.start()
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
+		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('n', i),
+		       CASE WHEN i % 3 = 0 THEN jsonb_build_object('traceparent', 'tp-' || i) END
+		  FROM generate_series(1, 200) AS i ORDER BY i`, e.topic)
+	e.waitConfirmed(60 * time.Second)
+	d.stop()
+
+	if code, out := e.runAudit("--from-id", "1"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+		t.Fatalf("after run: exit %d, want 0 and clean", code)
+	}
+	code, out := e.runAudit("--from-id", "1", "--json")
+	var rep audit.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || !rep.Clean || len(rep.Topics) != 1 || rep.Topics[0].Rows != 200 {
+		t.Fatalf("--json: exit %d, %v, report %+v; want 0, clean with 200 rows", code, err, rep)
+	}
+
+	// Rows no outboxd published: the slot is moved past them, as after a
+	// lost slot recreated.
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
+		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('late', i), jsonb_build_object('traceparent', 'late-' || i) FROM generate_series(1, 5) AS i`, e.topic)
+	e.exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.slot)
+	if code, out := e.runAudit("--from-id", "1"); code != 1 || !strings.Contains(out, "missing: ids 201, 202, 203, 204, 205") {
+		t.Fatalf("missing: exit %d, want 1 naming ids 201-205", code)
+	}
+	if code, out := e.runAudit("--from-id", "1", "--repair"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+		t.Fatalf("--repair: exit %d, want 0 and clean after the repair", code)
+	}
+
+	if code, out := e.runAudit("--help"); code != 0 || !strings.Contains(out, "--from-id") || !strings.Contains(out, "--repair") {
+		t.Errorf("outboxd audit --help: exit %d, want 0 listing --from-id and --repair", code)
+	}
+	for _, args := range [][]string{{}, {"--from-id", "5", "--since", "2026-01-01T00:00:00Z"}, {"--since", "yesterday"}, {"--from-id", "9", "--to-id", "3"}} {
+		if code, _ := e.runAudit(args...); code != 2 {
+			t.Errorf("outboxd audit %v: exit %d, want 2 (usage)", args, code)
+		}
+	}
+}
+
+// TestAuditPublishFence: outbox_wait_published answers true once outboxd
+// confirmed a position read after a commit (Kafka has the event), false at
+// the timeout while no outboxd runs, and an error for a slot that does not
+// exist.
+func TestAuditPublishFence(t *testing.T) {
+	e := newEnv(t, 1)
+	d := e.start()
+	ctx := context.Background()
+	c := e.conn()
+	defer c.Close(ctx)
+	fence := func(timeout string) (bool, error) {
+		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.topic)
+		var ok bool
+		err := c.QueryRow(ctx, `SELECT outbox_wait_published(pg_current_wal_lsn(), $1::interval, $2)`, timeout, e.slot).Scan(&ok)
+		return ok, err
+	}
+	if ok, err := fence("60 seconds"); err != nil || !ok {
+		t.Fatalf("with outboxd running: %v, %v; want true", ok, err)
+	}
+	if code, _ := e.runAudit("--from-id", "1"); code != 0 {
+		t.Fatalf("audit right after the fence: exit %d, want 0 (the event is in Kafka)", code)
+	}
+	d.stop()
+	start := time.Now()
+	if ok, err := fence("300 milliseconds"); err != nil || ok {
+		t.Fatalf("with outboxd stopped: %v, %v; want false", ok, err)
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Fatalf("false after %s, before the timeout", waited)
+	}
+	var ok bool
+	if err := c.QueryRow(ctx, `SELECT outbox_wait_published(pg_current_wal_lsn(), '1 second', 'no_such_slot')`).Scan(&ok); err == nil ||
+		!strings.Contains(err.Error(), `no replication slot named "no_such_slot"`) {
+		t.Fatalf("unknown slot: %v, %v; want an error naming it", ok, err)
+	}
+}
+
+// TestAuditExactlyOnceRunIsClean: records outboxd published in Kafka
+// transactions (control batches between them, the checkpoint inside) audit
+// clean, and a publish fence on that run answers once they are committed.
+func TestAuditExactlyOnceRunIsClean(t *testing.T) {
+	e := newEnv(t, 3)
+	d := e.start("--delivery", "exactly-once")
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.topic)
+	c := e.conn()
+	defer c.Close(context.Background())
+	var ok bool
+	if err := c.QueryRow(context.Background(), `SELECT outbox_wait_published(pg_current_wal_lsn(), '60 seconds', $1)`, e.slot).Scan(&ok); err != nil || !ok {
+		t.Fatalf("fence: %v, %v; want true", ok, err)
+	}
+	if code, out := e.runAudit("--from-id", "1", "--delivery", "exactly-once"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+		t.Fatalf("exactly-once: exit %d, want 0 and clean", code)
+	}
+	d.stop()
+}
