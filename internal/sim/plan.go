@@ -1,0 +1,162 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Topic is the event topic of the simulated outbox.
+const Topic = "orders"
+
+// Sizes bound a run's workload and fault schedule.
+type Sizes struct {
+	Txns        int   // PostgreSQL transactions
+	MaxRows     int   // rows per transaction: 1..MaxRows
+	Keys        int   // aggregates: few, so that per-key order is tested
+	Bursts      int   // the transactions are committed in this many bursts
+	ConnFaults  int   // replication connections scripted with a fault
+	KafkaFaults int   // broker faults, each installed at a burst
+	Partitions  int32 // partitions of Topic
+}
+
+// DefaultSizes are TestSim's: a run takes a few seconds with -race.
+func DefaultSizes() Sizes {
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, Partitions: 3}
+}
+
+// Plan is what one seed decides: the workload and the fault schedule.
+type Plan struct {
+	Seed   uint64
+	Sizes  Sizes
+	Txns   [][]Row         // rows of each transaction, in commit order
+	Idle   []int           // idle WAL (other tables) after each transaction
+	Bursts []int           // index of the first transaction of each burst
+	Pause  []time.Duration // pause after each burst
+	// Conn is the fault of each connection, in accept order; connections
+	// past the end have none.
+	Conn  []ConnFault
+	Kafka []KafkaFault
+}
+
+// KafkaFault is a broker fault installed when burst At starts.
+type KafkaFault struct {
+	At    int
+	Key   kmsg.Key
+	Err   *kerr.Error   // nil: a slow answer instead
+	Count int           // requests it answers
+	Delay time.Duration // a slow answer's delay
+}
+
+func (f KafkaFault) String() string {
+	if f.Err == nil {
+		return fmt.Sprintf("burst %d: %s answered %s late", f.At, f.Key.Name(), f.Delay)
+	}
+	return fmt.Sprintf("burst %d: %s fails %d× with %s", f.At, f.Key.Name(), f.Count, f.Err.Message)
+}
+
+// NewPlan draws a run's workload and fault schedule from one seed
+// (math/rand/v2's PCG).
+func NewPlan(seed uint64, sz Sizes) *Plan {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	p := &Plan{Seed: seed, Sizes: sz}
+	id := int64(1)
+	for range sz.Txns {
+		n := 1 + r.IntN(sz.MaxRows)
+		rows := make([]Row, n)
+		for j := range rows {
+			size := 8 + r.IntN(400)
+			if r.IntN(20) == 0 {
+				size = 4000 + r.IntN(30000)
+			}
+			rows[j] = Row{ID: id, Key: fmt.Sprintf("agg-%d", r.IntN(sz.Keys)), Topic: Topic,
+				Payload: fmt.Sprintf(`{"id": %d, "pad": "%s"}`, id, strings.Repeat("x", size))}
+			id++
+		}
+		p.Txns = append(p.Txns, rows)
+		idle := 0
+		if r.IntN(3) == 0 {
+			idle = 0x100 * (1 + r.IntN(32))
+		}
+		p.Idle = append(p.Idle, idle)
+	}
+	// Burst boundaries: sorted distinct starts, the first at 0.
+	starts := map[int]bool{0: true}
+	for len(starts) < min(sz.Bursts, sz.Txns) {
+		starts[r.IntN(sz.Txns)] = true
+	}
+	for i := range sz.Txns {
+		if starts[i] {
+			p.Bursts = append(p.Bursts, i)
+			p.Pause = append(p.Pause, time.Duration(r.IntN(60))*time.Millisecond)
+		}
+	}
+	// Messages a session is sent: a fault point is drawn below that, so
+	// most faults fire inside the stream rather than after its end.
+	span := sz.Txns * (3 + sz.MaxRows) / 3
+	for range sz.ConnFaults {
+		var f ConnFault
+		switch k := r.IntN(20); {
+		case k < 10:
+			f = ConnFault{Kind: FaultDrop, After: r.IntN(span)}
+		case k < 16:
+			f = ConnFault{Kind: FaultSetup, Stage: Stage(r.IntN(int(numStages)))}
+		case k < 18:
+			f = ConnFault{Kind: FaultStall, After: r.IntN(span)}
+		default:
+			// a connection spared: faults are not back to back
+		}
+		f.HoldSlot = f.Kind != FaultNone && r.IntN(5) == 0
+		p.Conn = append(p.Conn, f)
+	}
+	for range sz.KafkaFaults {
+		f := KafkaFault{At: r.IntN(len(p.Bursts)), Count: 1 + r.IntN(3)}
+		switch k := r.IntN(10); {
+		case k < 3:
+			f.Key = kmsg.Produce
+			f.Err = []*kerr.Error{kerr.NotLeaderForPartition, kerr.RequestTimedOut, kerr.NotEnoughReplicas}[r.IntN(3)]
+		case k < 5:
+			f.Key = kmsg.EndTxn
+			f.Err = []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.ConcurrentTransactions}[r.IntN(3)]
+		case k < 7:
+			f.Key = kmsg.AddPartitionsToTxn
+			f.Err = []*kerr.Error{kerr.ConcurrentTransactions, kerr.CoordinatorLoadInProgress, kerr.NotCoordinator}[r.IntN(3)]
+		case k < 9:
+			f.Key, f.Delay, f.Count = kmsg.Produce, time.Duration(50+r.IntN(400))*time.Millisecond, 1
+		default:
+			f.Key, f.Delay, f.Count = kmsg.EndTxn, time.Duration(50+r.IntN(400))*time.Millisecond, 1
+		}
+		p.Kafka = append(p.Kafka, f)
+	}
+	return p
+}
+
+// ConnFault is the fault scripted for connection n.
+func (p *Plan) ConnFault(n int) ConnFault {
+	if n < len(p.Conn) {
+		return p.Conn[n]
+	}
+	return ConnFault{}
+}
+
+// Events is the number of outbox rows.
+func (p *Plan) Events() int {
+	n := 0
+	for _, t := range p.Txns {
+		n += len(t)
+	}
+	return n
+}
+
+// burstTxns is the range of transactions of burst b.
+func (p *Plan) burstTxns(b int) (from, to int) {
+	from, to = p.Bursts[b], len(p.Txns)
+	if b+1 < len(p.Bursts) {
+		to = p.Bursts[b+1]
+	}
+	return from, to
+}

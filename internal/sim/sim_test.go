@@ -1,0 +1,94 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/outboxd/outboxd/publisher"
+)
+
+var (
+	seedFlag  = flag.Uint64("sim.seed", 0, "run only this seed (the replay of a failure)")
+	seedsFlag = flag.Int("sim.seeds", 0, "run this many seeds from -sim.first instead of TestSim's fixed set")
+	firstFlag = flag.Uint64("sim.first", 1000, "the first seed -sim.seeds runs")
+	verbose   = flag.Bool("sim.verbose", false, "log the service at info level")
+)
+
+// testSeeds are TestSim's runs under make test: both delivery modes
+// (a seed's parity picks it), small enough for -race on 2 cores.
+var testSeeds = []uint64{1, 2, 3, 4, 5, 6}
+
+// delivery is the mode a seed runs in.
+func delivery(seed uint64) string {
+	if seed%2 == 1 {
+		return publisher.ExactlyOnce
+	}
+	return publisher.AtLeastOnce
+}
+
+func TestSim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a simulation of the whole pipeline: seconds per seed")
+	}
+	seeds := testSeeds
+	switch {
+	case *seedFlag != 0:
+		seeds = []uint64{*seedFlag}
+	case *seedsFlag > 0:
+		seeds = nil
+		for i := range *seedsFlag {
+			seeds = append(seeds, *firstFlag+uint64(i))
+		}
+	}
+	failed := 0
+	for _, seed := range seeds {
+		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			log := zap.NewNop()
+			if *verbose {
+				log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+			}
+			rep := Run(Options{Seed: seed, Delivery: delivery(seed), Sizes: DefaultSizes(), Log: log})
+			t.Logf("%s: %d txns, %d events, %d records read, %d connections, confirmed %s of %s, %s",
+				rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.Connections, rep.Confirmed, rep.WALEnd, rep.Took)
+			if !rep.Failed() && !*verbose {
+				return
+			}
+			t.Logf("faults:\n  %s", strings.Join(rep.Fired, "\n  "))
+			t.Logf("connections:\n  %s", strings.Join(rep.Ended, "\n  "))
+			for _, v := range rep.Violations {
+				t.Errorf("seed %d (%s): %s", seed, rep.Delivery, v)
+			}
+			if rep.Goroutines != "" {
+				f, err := os.CreateTemp("", fmt.Sprintf("sim-seed-%d-goroutines-*.txt", seed))
+				if err == nil {
+					_, _ = f.WriteString(rep.Goroutines)
+					f.Close()
+					t.Logf("every goroutine at the hang: %s", f.Name())
+				}
+				t.Logf("goroutines (head):\n%s", head(rep.Goroutines, 12000))
+			}
+			if rep.Failed() {
+				t.Logf("replay: go test ./internal/sim -run TestSim -sim.seed=%d -v", seed)
+			}
+		})
+		if !ok {
+			failed++
+		}
+	}
+	if failed > 0 {
+		t.Logf("%d of %d seeds failed", failed, len(seeds))
+	}
+}
+
+func head(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "\n…"
+}
