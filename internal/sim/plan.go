@@ -102,7 +102,7 @@ func NewPlan(seed uint64, sz Sizes) *Plan {
 		var f ConnFault
 		switch k := r.IntN(20); {
 		case k < 10:
-			f = ConnFault{Kind: FaultDrop, After: r.IntN(span)}
+			f = ConnFault{Kind: FaultDrop, After: r.IntN(span), Hard: r.IntN(3) == 0}
 		case k < 16:
 			f = ConnFault{Kind: FaultSetup, Stage: Stage(r.IntN(int(numStages)))}
 		case k < 18:

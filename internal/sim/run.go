@@ -152,8 +152,8 @@ func Run(opts Options) *Report {
 			if err != nil {
 				fail("the service's Run returned %v after a stop, want nil", err)
 			}
-		case <-time.After(20 * time.Second):
-			fail("progress: the service did not stop within 20 s of its context's cancellation")
+		case <-time.After(15 * time.Second):
+			fail("progress: the service did not stop within 15 s of its context's cancellation")
 			if rep.Goroutines == "" {
 				rep.Goroutines = goroutines()
 			}
@@ -214,7 +214,7 @@ func serviceConfig(delivery string) publisher.Config {
 	c.TxnMaxAge = 20 * time.Millisecond
 	c.RestartBackoffMin = 10 * time.Millisecond
 	c.RestartBackoffMax = 100 * time.Millisecond
-	c.ShutdownTimeout = 10 * time.Second
+	c.ShutdownTimeout = 5 * time.Second
 	c.StandbyPollInterval = 100 * time.Millisecond
 	// A small in-flight budget: reading pauses on it (backpressure) in
 	// the bigger bursts.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -18,6 +19,7 @@ var (
 	seedsFlag = flag.Int("sim.seeds", 0, "run this many seeds from -sim.first instead of TestSim's fixed set")
 	firstFlag = flag.Uint64("sim.first", 1000, "the first seed -sim.seeds runs")
 	verbose   = flag.Bool("sim.verbose", false, "log the service at info level")
+	settleFor = flag.Duration("sim.settle", 30*time.Second, "how long the system may take to settle after the faults stop before the run counts as hung")
 )
 
 // testSeeds are TestSim's runs under make test: both delivery modes
@@ -46,14 +48,17 @@ func TestSim(t *testing.T) {
 			seeds = append(seeds, *firstFlag+uint64(i))
 		}
 	}
-	failed := 0
+	var failed []string
 	for _, seed := range seeds {
-		ok := t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			log := zap.NewNop()
 			if *verbose {
 				log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 			}
-			rep := Run(Options{Seed: seed, Delivery: delivery(seed), Sizes: DefaultSizes(), Log: log})
+			rep := Run(Options{Seed: seed, Delivery: delivery(seed), Sizes: DefaultSizes(), Settle: *settleFor, Log: log})
+			if rep.Failed() {
+				failed = append(failed, fmt.Sprintf("seed %d (%s): %s", seed, rep.Delivery, rep.Violations[0]))
+			}
 			t.Logf("%s: %d txns, %d events, %d records read, %d connections, confirmed %s of %s, %s",
 				rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.Connections, rep.Confirmed, rep.WALEnd, rep.Took)
 			if !rep.Failed() && !*verbose {
@@ -77,12 +82,9 @@ func TestSim(t *testing.T) {
 				t.Logf("replay: go test ./internal/sim -run TestSim -sim.seed=%d -v", seed)
 			}
 		})
-		if !ok {
-			failed++
-		}
 	}
-	if failed > 0 {
-		t.Logf("%d of %d seeds failed", failed, len(seeds))
+	if len(failed) > 0 {
+		t.Logf("%d of %d seeds failed:\n  %s", len(failed), len(seeds), strings.Join(failed, "\n  "))
 	}
 }
 

@@ -89,6 +89,12 @@ type ConnFault struct {
 	Kind  FaultKind
 	Stage Stage
 	After int // WAL messages (XLogData) sent before a drop or stall
+	// Hard drops a FaultDrop connection as a crash does: closed at once,
+	// so what the client had not read yet may be lost in the reset and it
+	// sees the stream end anywhere before the boundary. Otherwise the
+	// walsender half-closes at the boundary and the client reads every
+	// message before it, then the end.
+	Hard bool
 	// HoldSlot keeps the slot active for the dropped connection's PID
 	// for a moment, as a walsender that has not exited yet does.
 	HoldSlot bool
@@ -103,6 +109,9 @@ func (f ConnFault) String() string {
 		s = "drop at " + f.Stage.String()
 	case FaultDrop:
 		s = fmt.Sprintf("drop after %d WAL messages", f.After)
+		if f.Hard {
+			s = "hard " + s
+		}
 	case FaultStall:
 		s = fmt.Sprintf("stall after %d WAL messages", f.After)
 	}
@@ -288,7 +297,11 @@ type wconn struct {
 
 	holdsSlot bool          // START_REPLICATION took the slot (mu)
 	start     pglogrepl.LSN // where streaming started
-	sentEnd   atomic.Uint64 // everything below it was sent
+	sentEnd   atomic.Uint64 // everything below it was sent: what keepalives say
+	// limit is the most this connection may confirm: the end of what it
+	// is being sent, set before the writes (the client may read and confirm
+	// a transaction before the write call that sent it has returned).
+	limit atomic.Uint64
 	stalled   atomic.Bool
 	statuses  atomic.Int64
 	dropped   atomic.Bool
@@ -311,6 +324,25 @@ func (c *wconn) serve() {
 func (c *wconn) drop(what string) {
 	if c.dropped.CompareAndSwap(false, true) {
 		c.w.note("conn %d: %s", c.n, what)
+		c.conn.Close()
+	}
+}
+
+// cut ends the stream at a message boundary: the client reads everything
+// sent before it, then the end of the connection. What it confirms after
+// the cut is not heard (the walsender is gone).
+func (c *wconn) cut(what string) {
+	if c.fault.Hard {
+		c.drop(what)
+		return
+	}
+	if c.dropped.CompareAndSwap(false, true) {
+		c.w.note("conn %d: %s", c.n, what)
+		if err := c.flush(); err == nil {
+			if tc, ok := c.conn.(*net.TCPConn); ok && tc.CloseWrite() == nil {
+				return // receive reads on until the client closes
+			}
+		}
 		c.conn.Close()
 	}
 }
@@ -484,6 +516,7 @@ func (c *wconn) startReplication(q string) error {
 	c.start = max(req, w.confirmed)
 	w.mu.Unlock()
 	c.sentEnd.Store(uint64(c.start))
+	c.limit.Store(uint64(c.start))
 	if err := c.send(&pgproto3.CopyBothResponse{}); err != nil {
 		return err
 	}
@@ -515,6 +548,9 @@ func (c *wconn) receive() error {
 			if len(d) != 34 || d[0] != 'r' {
 				return fmt.Errorf("walsender: unexpected CopyData %q", d)
 			}
+			if c.dropped.Load() {
+				continue // sent to a walsender that is gone
+			}
 			flush := pglogrepl.LSN(binary.BigEndian.Uint64(d[9:]))
 			c.statuses.Add(1)
 			c.confirm(flush)
@@ -538,7 +574,7 @@ func (c *wconn) receive() error {
 // past what this connection was sent is a broken rule of the protocol.
 func (c *wconn) confirm(flush pglogrepl.LSN) {
 	w := c.w
-	sent := pglogrepl.LSN(c.sentEnd.Load())
+	sent := pglogrepl.LSN(c.limit.Load())
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if flush > sent && flush > w.confirmed {
@@ -577,9 +613,10 @@ func (c *wconn) sendWAL(stop <-chan struct{}) {
 		walEnd, appended := w.walEnd, w.appended
 		w.mu.Unlock()
 		for _, t := range pending {
+			c.limit.Store(uint64(t.End))
 			for _, m := range t.messages(relation) {
 				if c.fault.Kind == FaultDrop && sent == c.fault.After {
-					c.drop(fmt.Sprintf("dropped after %d WAL messages (before %q of txn %d)", sent, m.kind, t.Index))
+					c.cut(fmt.Sprintf("dropped after %d WAL messages (before %q of txn %d)", sent, m.kind, t.Index))
 					return
 				}
 				if c.fault.Kind == FaultStall && sent == c.fault.After {
@@ -603,6 +640,7 @@ func (c *wconn) sendWAL(stop <-chan struct{}) {
 		if len(pending) > 0 {
 			continue
 		}
+		c.limit.Store(uint64(walEnd))
 		c.sentEnd.Store(uint64(walEnd))
 		if err := c.send(&pgproto3.CopyData{Data: keepalive(walEnd, false)}); err != nil {
 			return
