@@ -301,10 +301,10 @@ type wconn struct {
 	// limit is the most this connection may confirm: the end of what it
 	// is being sent, set before the writes (the client may read and confirm
 	// a transaction before the write call that sent it has returned).
-	limit atomic.Uint64
-	stalled   atomic.Bool
-	statuses  atomic.Int64
-	dropped   atomic.Bool
+	limit    atomic.Uint64
+	stalled  atomic.Bool
+	statuses atomic.Int64
+	dropped  atomic.Bool
 }
 
 func (c *wconn) serve() {
