@@ -54,7 +54,7 @@ type KafkaFault struct {
 
 func (f KafkaFault) String() string {
 	if f.Err == nil {
-		return fmt.Sprintf("burst %d: %s answered %s late", f.At, f.Key.Name(), f.Delay)
+		return fmt.Sprintf("burst %d: the broker pauses %s before answering a %s", f.At, f.Delay, f.Key.Name())
 	}
 	return fmt.Sprintf("burst %d: %s fails %d× with %s", f.At, f.Key.Name(), f.Count, f.Err.Message)
 }

@@ -253,11 +253,15 @@ func injectKafka(c *kfake.Cluster, f KafkaFault) *kfake.FaultHandle {
 	if f.Err != nil {
 		return c.Fault(kfake.Fault{Keys: []kmsg.Key{f.Key}, Err: f.Err, Count: f.Count, TopLevel: f.Key == kmsg.EndTxn})
 	}
+	// The whole broker pauses before it answers the next such request (a
+	// GC pause, a slow disk): its cluster goroutine waits in the control
+	// function. kfake's SleepControl, which would delay that request alone,
+	// races on its own state (go test -race reports it inside kfake).
 	slow := true
 	c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
 		if slow {
 			slow = false
-			c.SleepControl(func() { <-time.After(f.Delay) })
+			<-time.After(f.Delay)
 		}
 		return nil, nil, false // then answered as usual
 	})
