@@ -8,6 +8,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/publisher"
 )
 
 // Topic is the event topic of the simulated outbox.
@@ -34,6 +36,7 @@ type Plan struct {
 	Seed   uint64
 	Sizes  Sizes
 	Txns   [][]Row         // rows of each transaction, in commit order
+	Rel    []bool          // the transaction describes the table again
 	Idle   []int           // idle WAL (other tables) after each transaction
 	Bursts []int           // index of the first transaction of each burst
 	Pause  []time.Duration // pause after each burst
@@ -59,9 +62,20 @@ func (f KafkaFault) String() string {
 	return fmt.Sprintf("burst %d: %s fails %d× with %s", f.At, f.Key.Name(), f.Count, f.Err.Message)
 }
 
+// Delivery is the delivery mode a seed runs in: its parity picks it, so
+// that a seed alone names a run.
+func Delivery(seed uint64) string {
+	if seed%2 == 1 {
+		return publisher.ExactlyOnce
+	}
+	return publisher.AtLeastOnce
+}
+
 // NewPlan draws a run's workload and fault schedule from one seed
-// (math/rand/v2's PCG).
-func NewPlan(seed uint64, sz Sizes) *Plan {
+// (math/rand/v2's PCG). Broker faults of the transaction protocol are
+// drawn only for exactly-once runs, which send those requests.
+func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
+	txnal := delivery == publisher.ExactlyOnce
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	p := &Plan{Seed: seed, Sizes: sz}
 	id := int64(1)
@@ -78,6 +92,7 @@ func NewPlan(seed uint64, sz Sizes) *Plan {
 			id++
 		}
 		p.Txns = append(p.Txns, rows)
+		p.Rel = append(p.Rel, r.IntN(10) == 0)
 		idle := 0
 		if r.IntN(3) == 0 {
 			idle = 0x100 * (1 + r.IntN(32))
@@ -105,8 +120,10 @@ func NewPlan(seed uint64, sz Sizes) *Plan {
 			f = ConnFault{Kind: FaultDrop, After: r.IntN(span), Hard: r.IntN(3) == 0}
 		case k < 16:
 			f = ConnFault{Kind: FaultSetup, Stage: Stage(r.IntN(int(numStages)))}
-		case k < 18:
+		case k < 17:
 			f = ConnFault{Kind: FaultStall, After: r.IntN(span)}
+		case k < 18:
+			f = ConnFault{Kind: FaultSetupStall, Stage: Stage(r.IntN(int(StageCopyBoth)))}
 		default:
 			// a connection spared: faults are not back to back
 		}
@@ -115,7 +132,11 @@ func NewPlan(seed uint64, sz Sizes) *Plan {
 	}
 	for range sz.KafkaFaults {
 		f := KafkaFault{At: r.IntN(len(p.Bursts)), Count: 1 + r.IntN(3)}
-		switch k := r.IntN(10); {
+		k := r.IntN(10)
+		if !txnal && (k >= 3 && k < 7 || k == 9) {
+			k = []int{0, 1, 2, 7, 8}[r.IntN(5)]
+		}
+		switch {
 		case k < 3:
 			f.Key = kmsg.Produce
 			f.Err = []*kerr.Error{kerr.NotLeaderForPartition, kerr.RequestTimedOut, kerr.NotEnoughReplicas}[r.IntN(3)]

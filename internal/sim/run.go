@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/pprof"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -21,12 +22,16 @@ import (
 
 // Options configure one run.
 type Options struct {
-	Seed     uint64
-	Delivery string // publisher.AtLeastOnce (with checkpoints) or publisher.ExactlyOnce
+	Seed uint64
+	// Delivery is publisher.AtLeastOnce (with checkpoints) or
+	// publisher.ExactlyOnce; "" takes the seed's (Delivery).
+	Delivery string
 	Sizes    Sizes
-	// Settle bounds the wait, once the workload is committed and the faults
-	// have stopped, for the slot to confirm the WAL's end: the progress
-	// invariant.
+	// Settle bounds the wait, once the workload is committed, for the slot
+	// to confirm the WAL's end: the progress invariant. The fault schedule
+	// is finite (a fault per scripted connection, a count per broker
+	// fault): what is left of it when the workload ends fires in the
+	// first part of the wait, then the faults have stopped.
 	Settle time.Duration
 	Log    *zap.Logger // nil: none
 }
@@ -63,7 +68,10 @@ func Run(opts Options) *Report {
 	if opts.Settle == 0 {
 		opts.Settle = 30 * time.Second
 	}
-	plan := NewPlan(opts.Seed, opts.Sizes)
+	if opts.Delivery == "" {
+		opts.Delivery = Delivery(opts.Seed)
+	}
+	plan := NewPlan(opts.Seed, opts.Sizes, opts.Delivery)
 	rep := &Report{Seed: opts.Seed, Delivery: opts.Delivery, Txns: len(plan.Txns), Events: plan.Events()}
 	began := time.Now()
 	defer func() { rep.Took = time.Since(began).Round(time.Millisecond) }()
@@ -79,13 +87,7 @@ func Run(opts Options) *Report {
 	defer cluster.Close()
 	brokers := cluster.ListenAddrs()
 
-	faultsOn := true
-	ws, err := NewWalsender(func(n int) ConnFault {
-		if !faultsOn {
-			return ConnFault{}
-		}
-		return plan.ConnFault(n)
-	})
+	ws, err := NewWalsender(plan.ConnFault)
 	if err != nil {
 		fail("start walsender: %v", err)
 		return rep
@@ -101,18 +103,17 @@ func Run(opts Options) *Report {
 	go func() { runErr <- svc.Run(ctx) }()
 
 	// The workload, burst by burst, with the broker faults of each burst.
-	var handles []*kfake.FaultHandle
+	var kfaults []*injected
 	ended := false // the service's Run returned early
 	for b := range plan.Bursts {
 		for _, f := range plan.Kafka {
 			if f.At == b {
-				handles = append(handles, injectKafka(cluster, f))
-				ws.note("kafka: %s", f)
+				kfaults = append(kfaults, injectKafka(cluster, f))
 			}
 		}
 		from, to := plan.burstTxns(b)
 		for i := from; i < to; i++ {
-			ws.Commit(plan.Txns[i], plan.Idle[i])
+			ws.Commit(plan.Txns[i], plan.Idle[i], plan.Rel[i])
 		}
 		select {
 		case err := <-runErr:
@@ -124,16 +125,6 @@ func Run(opts Options) *Report {
 			break
 		}
 	}
-	// The faults stop: new connections get none, the broker answers.
-	ws.mu.Lock()
-	faultsOn = false
-	ws.mu.Unlock()
-	for _, h := range handles {
-		if h != nil {
-			h.Remove()
-		}
-	}
-
 	if !ended {
 		if err := settle(ws, runErr, opts.Settle); err != nil {
 			fail("progress: %v", err)
@@ -144,6 +135,14 @@ func Run(opts Options) *Report {
 				ended = true
 			}
 		}
+	}
+	// What is left of the schedule goes: the stop and the reader below
+	// meet a broker that answers.
+	for _, in := range kfaults {
+		if in.h != nil {
+			in.h.Remove()
+		}
+		ws.note("kafka: %s: answered %d", in.f, in.hits())
 	}
 	cancel()
 	if !ended {
@@ -195,7 +194,7 @@ func settle(ws *Walsender, runErr <-chan error, d time.Duration) error {
 		case err := <-runErr:
 			return fmt.Errorf("%w before it confirmed the WAL's end %s (at %s): %v", errServiceEnded, end, confirmed, err)
 		case <-deadline:
-			return fmt.Errorf("the slot confirmed %s, not the WAL's end %s, within %s of the faults' end: a hang (see the goroutines)", confirmed, end, d)
+			return fmt.Errorf("the slot confirmed %s, not the WAL's end %s, within %s of the workload's end: a hang (see the goroutines)", confirmed, end, d)
 		}
 	}
 }
@@ -248,24 +247,42 @@ func kafkaConfig(brokers []string) kafka.Config {
 	return c
 }
 
+// injected is one installed broker fault.
+type injected struct {
+	f      KafkaFault
+	h      *kfake.FaultHandle // nil for a pause
+	paused atomic.Bool
+}
+
+// hits is how many requests the fault answered.
+func (in *injected) hits() int {
+	if in.h != nil {
+		return in.h.Hits()
+	}
+	if in.paused.Load() {
+		return 1
+	}
+	return 0
+}
+
 // injectKafka installs one broker fault.
-func injectKafka(c *kfake.Cluster, f KafkaFault) *kfake.FaultHandle {
+func injectKafka(c *kfake.Cluster, f KafkaFault) *injected {
+	in := &injected{f: f}
 	if f.Err != nil {
-		return c.Fault(kfake.Fault{Keys: []kmsg.Key{f.Key}, Err: f.Err, Count: f.Count, TopLevel: f.Key == kmsg.EndTxn})
+		in.h = c.Fault(kfake.Fault{Keys: []kmsg.Key{f.Key}, Err: f.Err, Count: f.Count, TopLevel: f.Key == kmsg.EndTxn})
+		return in
 	}
 	// The whole broker pauses before it answers the next such request (a
 	// GC pause, a slow disk): its cluster goroutine waits in the control
 	// function. kfake's SleepControl, which would delay that request alone,
 	// races on its own state (go test -race reports it inside kfake).
-	slow := true
 	c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
-		if slow {
-			slow = false
+		if in.paused.CompareAndSwap(false, true) {
 			<-time.After(f.Delay)
 		}
 		return nil, nil, false // then answered as usual
 	})
-	return nil
+	return in
 }
 
 // record is one event record as a consumer sees it.

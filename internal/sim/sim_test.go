@@ -10,8 +10,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-
-	"github.com/outboxd/outboxd/publisher"
 )
 
 var (
@@ -23,16 +21,9 @@ var (
 )
 
 // testSeeds are TestSim's runs under make test: both delivery modes
-// (a seed's parity picks it), small enough for -race on 2 cores.
+// (a seed's parity picks it, see Delivery), small enough for -race on 2
+// cores.
 var testSeeds = []uint64{1, 2, 3, 4, 5, 6}
-
-// delivery is the mode a seed runs in.
-func delivery(seed uint64) string {
-	if seed%2 == 1 {
-		return publisher.ExactlyOnce
-	}
-	return publisher.AtLeastOnce
-}
 
 func TestSim(t *testing.T) {
 	if testing.Short() {
@@ -55,7 +46,7 @@ func TestSim(t *testing.T) {
 			if *verbose {
 				log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 			}
-			rep := Run(Options{Seed: seed, Delivery: delivery(seed), Sizes: DefaultSizes(), Settle: *settleFor, Log: log})
+			rep := Run(Options{Seed: seed, Sizes: DefaultSizes(), Settle: *settleFor, Log: log})
 			if rep.Failed() {
 				failed = append(failed, fmt.Sprintf("seed %d (%s): %s", seed, rep.Delivery, rep.Violations[0]))
 			}

@@ -30,6 +30,9 @@ type Txn struct {
 	CommitLSN pglogrepl.LSN
 	End       pglogrepl.LSN // the commit record's end: what a client confirms
 	Rows      []Row
+	// Relation describes the table again before the first row, as
+	// pgoutput does after an ALTER TABLE or a cache invalidation.
+	Relation bool
 }
 
 // walMsg is one pgoutput message at its XLogData position.
@@ -48,7 +51,7 @@ func (t *Txn) messages(withRelation bool) []walMsg {
 	out := []walMsg{{t.Begin, encodeBegin(t.CommitLSN, ct, t.Xid), 'B'}}
 	for i, r := range t.Rows {
 		at := t.Begin + pglogrepl.LSN(0x40*(i+1))
-		if withRelation && i == 0 {
+		if (withRelation || t.Relation) && i == 0 {
 			out = append(out, walMsg{at, encodeRelation(), 'R'})
 		}
 		out = append(out, walMsg{at, encodeInsert(r), 'I'})
@@ -77,10 +80,11 @@ func (s Stage) String() string { return stageNames[s] }
 type FaultKind int
 
 const (
-	FaultNone  FaultKind = iota
-	FaultSetup           // drop the connection at a set-up Stage
-	FaultDrop            // drop the connection after After WAL messages
-	FaultStall           // after After WAL messages, send nothing and answer nothing until the client leaves
+	FaultNone       FaultKind = iota
+	FaultSetup                // drop the connection at a set-up Stage
+	FaultSetupStall           // at a set-up Stage before CopyBoth, answer nothing until the client leaves
+	FaultDrop                 // drop the connection after After WAL messages
+	FaultStall                // after After WAL messages, send nothing and answer nothing until the client leaves
 )
 
 // ConnFault is the fault scripted for one connection (numbered from 0 in
@@ -107,6 +111,8 @@ func (f ConnFault) String() string {
 		return "none"
 	case FaultSetup:
 		s = "drop at " + f.Stage.String()
+	case FaultSetupStall:
+		s = "stall at " + f.Stage.String()
 	case FaultDrop:
 		s = fmt.Sprintf("drop after %d WAL messages", f.After)
 		if f.Hard {
@@ -176,11 +182,12 @@ func (w *Walsender) ConnString() string {
 
 // Commit appends a transaction of rows, followed by idle WAL of other
 // tables (idle bytes: pgoutput sends nothing for it, only the keepalives'
-// WAL end moves).
-func (w *Walsender) Commit(rows []Row, idle int) *Txn {
+// WAL end moves); relation sends the table's description again before
+// its first row.
+func (w *Walsender) Commit(rows []Row, idle int, relation bool) *Txn {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	t := &Txn{Index: len(w.txns), Xid: w.nextXid, Begin: w.walEnd, Rows: rows}
+	t := &Txn{Index: len(w.txns), Xid: w.nextXid, Begin: w.walEnd, Rows: rows, Relation: relation}
 	w.nextXid++
 	t.CommitLSN = t.Begin + pglogrepl.LSN(0x40*(len(rows)+1))
 	t.End = t.CommitLSN + 0x30
@@ -374,10 +381,25 @@ func (c *wconn) release() {
 	free()
 }
 
+// setupFault runs the connection's fault at set-up stage s; true: the
+// connection is over.
 func (c *wconn) setupFault(s Stage) bool {
-	if c.fault.Kind == FaultSetup && c.fault.Stage == s {
+	if c.fault.Stage != s {
+		return false
+	}
+	switch c.fault.Kind {
+	case FaultSetup:
 		c.drop("dropped at " + s.String())
 		return true
+	case FaultSetupStall:
+		if s < StageCopyBoth {
+			c.w.note("conn %d: stalled at %s", c.n, s)
+			for { // read on, answer nothing, until the client gives up
+				if _, err := c.backend.Receive(); err != nil {
+					return true
+				}
+			}
+		}
 	}
 	return false
 }
@@ -604,7 +626,7 @@ func (c *wconn) sendWAL(stop <-chan struct{}) {
 	}
 	w.mu.Unlock()
 	relation := true // pgoutput describes the table once per session
-	sent := 0
+	sent, idles := 0, 0
 	idle := time.NewTicker(idleKeepalive)
 	defer idle.Stop()
 	for {
@@ -642,7 +664,10 @@ func (c *wconn) sendWAL(stop <-chan struct{}) {
 		}
 		c.limit.Store(uint64(walEnd))
 		c.sentEnd.Store(uint64(walEnd))
-		if err := c.send(&pgproto3.CopyData{Data: keepalive(walEnd, false)}); err != nil {
+		// Now and then ask for a reply, as a walsender does when it has
+		// not heard from the client for wal_sender_timeout/2.
+		idles++
+		if err := c.send(&pgproto3.CopyData{Data: keepalive(walEnd, idles%4 == 0)}); err != nil {
 			return
 		}
 		select {
