@@ -174,10 +174,12 @@ func NewWalsender(faults func(conn int) ConnFault) (*Walsender, error) {
 	return w, nil
 }
 
-// ConnString is the connection string of the walsender.
+// ConnString is the connection string of the walsender. It sets no
+// connect_timeout, as most DSNs do not: every connection the service makes
+// must bound its own waits.
 func (w *Walsender) ConnString() string {
 	port := w.ln.Addr().(*net.TCPAddr).Port
-	return fmt.Sprintf("host=127.0.0.1 port=%d user=outboxd dbname=app sslmode=disable connect_timeout=5", port)
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=outboxd dbname=app sslmode=disable", port)
 }
 
 // Commit appends a transaction of rows, followed by idle WAL of other
