@@ -62,16 +62,28 @@ lint:
 ## test: lint, then run every test against a fresh dev stack. The stack is taken
 ## down on every exit path (the EXIT trap), and make still fails when vet or a
 ## test fails: bash exits with the failing command's status after the trap.
+## The end-to-end tests mostly wait (on servers, on faults that last), so
+## more of them run at once than the machine has cores.
+TEST_PARALLEL ?= 4
 test: deps lint
 	@set -euo pipefail; \
 	trap '$(STACK) down' EXIT; \
 	$(STACK) up; \
 	set -a; source ./.devstack.env; set +a; \
-	echo "go test -race -count=1 -timeout 35m ./..."; \
-	$(GO) test -race -count=1 -timeout 35m ./...; \
+	echo "go test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m ./... (timings: make test-times)"; \
+	: > .cache/test-cpu.txt; \
+	CPUTIME_FILE=$$PWD/.cache/test-cpu.txt $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m \
+		-json -exec $$PWD/dev/cputime ./... 2>&1 | $(GO) run ./dev/testtimes -echo -save .cache/test-times.json; \
+	$(MAKE) --no-print-directory test-times; \
 	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick)"; \
 	$(GO) test -C bench -race -count=1 -timeout 15m ./...; \
 	$(MAKE) --no-print-directory e2e-pg17
+
+## test-times: where the last make test's time went — the slowest packages
+## (wall and CPU) and tests, from its go test -json output
+.PHONY: test-times
+test-times:
+	@$(GO) run ./dev/testtimes -top 30 -cpu .cache/test-cpu.txt < .cache/test-times.json
 
 ## e2e-pg17: the core end-to-end tests again on PostgreSQL 17 (a private
 ## server from Maven Central next to the dev stack's Kafka): publish, clean

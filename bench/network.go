@@ -16,7 +16,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// make bench-network (issue 26): the latency cells, a hot aggregate and the
+// make bench-network: the latency cells, a hot aggregate and the
 // drain at several round trips between the publishers and the broker. The
 // broker advertises a proxy (internal/netproxy, dev/stack proxy-start) on
 // the listener the publishers bootstrap from, so every request of
@@ -357,7 +357,7 @@ func rttName(v float64) string {
 	return fmt.Sprintf("RTT %g ms", v)
 }
 
-// evaluate checks issue 26's targets that this run measures.
+// evaluate checks the network targets that this run measures.
 func (n *networkReport) evaluate() {
 	n.Targets = nil
 	add := func(goal, measured string, met bool) { n.Targets = append(n.Targets, target{goal, measured, met}) }
@@ -555,7 +555,7 @@ func (n *networkReport) markdown() string {
 		}
 		p("| %s | %s | %.0f | %s | %s | %.2f | %.2f | %.0f | %s | %s | %.1f |\n", rttName(d.RTTMs), d.Source, d.EventsPerSec, pct, steady, d.StartupSeconds, d.CPUMsPer1k, d.PeakRSSMiB, cores, inflight, d.LoadAfter)
 	}
-	p("\n## Targets of issue 26 this run measures\n\n| target | measured | met |\n|---|---|---|\n")
+	p("\n## Targets this run measures\n\n| target | measured | met |\n|---|---|---|\n")
 	for _, t := range n.Targets {
 		met := "**no**"
 		if t.Met {

@@ -35,7 +35,7 @@ func (s source) at(l load) bool {
 
 func cdcSource() source { return source{Name: "cdc"} }
 
-// cdcExactlyOnce is CDC with Kafka transactions (issue 10's cost).
+// cdcExactlyOnce is CDC with Kafka transactions (what exactly-once costs).
 func cdcExactlyOnce() source {
 	return source{Name: "cdc-exactly-once", Flags: []string{"--delivery=exactly-once"}}
 }
@@ -115,7 +115,8 @@ type plan struct {
 	// (reader.go).
 	SustainedReader bool `json:"sustained_reader,omitempty"`
 	// BareProducer runs a bare producer beside each CDC latency cell, at
-	// the same rate and record size in the same window (issue 26's floor).
+	// the same rate and record size in the same window (the floor outboxd's
+	// latency is measured against).
 	BareProducer bool `json:"bare_producer"`
 	// CeilingOnce runs the drain's no-Kafka reader once, not before and
 	// after the CDC drains.
@@ -156,7 +157,7 @@ var (
 	loadsFull = []load{{100, 1}, {100, 10}, {1000, 1}, {1000, 10}, {5000, 1}, {5000, 10}}
 )
 
-// fullPlan is the matrix of issues 6 and 13: outboxd (at-least-once and
+// fullPlan is the full latency and drain matrix: outboxd (at-least-once and
 // exactly-once), Debezium (poll.interval.ms 10 and its default 500) and
 // polling every 10 ms at every load, polling every 100 ms at 1,000 ev/s;
 // three rotated rounds of each cell; the 1,000,000-row drain; the consumer.
@@ -187,7 +188,7 @@ func fullPlan() plan {
 	}
 }
 
-// networkPlan is make bench-network (issue 26): at a round trip of 0, 1
+// networkPlan is make bench-network: at a round trip of 0, 1
 // and 5 ms between every publisher and the broker, the latency cells
 // 1,000 × 1, 1,000 × 10 and 5,000 × 10 for outboxd (at-least-once and
 // exactly-once), Debezium (10 ms poll) and polling (10 ms), a bare producer

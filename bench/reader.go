@@ -19,12 +19,13 @@ import (
 	"github.com/outboxd/outboxd/slot"
 )
 
-// The bare replication reader as a source (issue 26's sustained floor): the
-// reader alone (replication.Open + Stream.Run: receive, decode, confirm each
-// commit as read; no Kafka) in a process of its own, through the same rate
-// search as outboxd. Its latency is commit return → the reader has the
-// event; outboxd's is commit return → the record in Kafka, so outboxd's
-// sustained rate over the reader's is what publishing to Kafka costs.
+// The bare replication reader as a source (the floor of the sustained
+// rate): the reader alone (replication.Open + Stream.Run: receive, decode,
+// confirm each commit as read; no Kafka) in a process of its own, through
+// the same rate search as outboxd. Its latency is commit return → the
+// reader has the event; outboxd's is commit return → the record in Kafka,
+// so outboxd's sustained rate over the reader's is what publishing to Kafka
+// costs.
 
 const readerName = "reader (no Kafka)"
 

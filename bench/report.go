@@ -95,7 +95,7 @@ func machineInfo(ctx context.Context, s stack) machine {
 	return m
 }
 
-// target is one of the issue's goals, as measured.
+// target is one of the goals, as measured.
 type target struct {
 	Goal     string `json:"goal"`
 	Measured string `json:"measured"`
@@ -121,7 +121,7 @@ func (r *report) drain(src string) *drainResult {
 	return nil
 }
 
-// evaluate checks the issues' targets against the medians measured.
+// evaluate checks the targets against the medians measured.
 func (r *report) evaluate() {
 	r.Targets = nil
 	add := func(goal, measured string, met bool) {
@@ -135,12 +135,12 @@ func (r *report) evaluate() {
 		p50, p99 := r.stat("cdc", l, func(c latencyResult) float64 { return c.P50Ms }), r.stat("cdc", l, func(c latencyResult) float64 { return c.P99Ms })
 		switch {
 		case l.Rate == 1000:
-			add(fmt.Sprintf("CDC p50 ≤ 1.5 ms and p99 ≤ 6 ms at %s (issue 13)", l),
+			add(fmt.Sprintf("CDC p50 ≤ 1.5 ms and p99 ≤ 6 ms at %s", l),
 				fmt.Sprintf("p50 %s ms, p99 %s ms", p50, p99), p50.Median <= 1.5 && p99.Median <= 6)
 			add(fmt.Sprintf("CDC publisher peak RSS ≤ 64 MiB at %s", l),
 				fmt.Sprintf("%.1f MiB", c.PeakRSSMiB), c.PeakRSSMiB <= 64)
 		case l.Rate == 5000 && l.TxRows == 10:
-			add(fmt.Sprintf("CDC p99 ≤ 25 ms at %s (issue 13)", l), fmt.Sprintf("p99 %s ms", p99), p99.Median <= 25)
+			add(fmt.Sprintf("CDC p99 ≤ 25 ms at %s", l), fmt.Sprintf("p99 %s ms", p99), p99.Median <= 25)
 		}
 		for _, s := range r.Plan.Sources {
 			if !s.Debezium {
@@ -154,13 +154,13 @@ func (r *report) evaluate() {
 	}
 	c, d := r.drain(ceilingName), r.drain("cdc")
 	if c != nil && d != nil {
-		add("CDC backlog drain ≥ 90% of the no-Kafka ceiling (issue 13)",
+		add("CDC backlog drain ≥ 90% of the no-Kafka ceiling",
 			fmt.Sprintf("%.0f%% (%.0f of %.0f ev/s)", d.PctCeiling, d.EventsPerSec, c.EventsPerSec), d.PctCeiling >= 90)
 	}
 	for _, s := range r.Plan.DrainSources {
 		// After start-up, so Debezium's JVM start does not count against it.
 		if dz := r.drain(s.Name); s.Debezium && dz != nil && d != nil && dz.SteadyPerSec > 0 {
-			add(fmt.Sprintf("CDC backlog drain ≥ 3× %s after start-up (issue 13)", s.Name),
+			add(fmt.Sprintf("CDC backlog drain ≥ 3× %s after start-up", s.Name),
 				fmt.Sprintf("%.1f× (%.0f vs %.0f ev/s)", d.SteadyPerSec/dz.SteadyPerSec, d.SteadyPerSec, dz.SteadyPerSec), d.SteadyPerSec >= 3*dz.SteadyPerSec)
 		}
 	}
@@ -330,7 +330,7 @@ func (r *report) markdown() string {
 		}
 		p("\n")
 		if r.Plan.SustainedReader {
-			p("The bare replication reader (receive + decode + confirm, no Kafka; p99 commit → read < 100 ms) at each rate of outboxd's search, in the window just before outboxd's; its best is the highest of those rates it kept up with (if it kept up with all, the most outboxd's search tried), and outboxd's best as a fraction of it (issue 26's target: ≥ 90%%):\n\n")
+			p("The bare replication reader (receive + decode + confirm, no Kafka; p99 commit → read < 100 ms) at each rate of outboxd's search, in the window just before outboxd's; its best is the highest of those rates it kept up with (if it kept up with all, the most outboxd's search tried), and outboxd's best as a fraction of it (the target: ≥ 90%%):\n\n")
 			p("| transaction | reader: highest rate kept up | its p50 / p99 ms | first rate that failed | walsender cores there | outboxd ÷ reader |\n|---|--:|--:|--:|--:|--:|\n")
 			for _, x := range r.Sustained {
 				rd := x.Reader

@@ -14,7 +14,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testproc"
 )
 
-// The sustained rate (issue 13): the highest write rate outboxd keeps up
+// The sustained rate: the highest write rate outboxd keeps up
 // with, p99 commit → Kafka under 100 ms over a whole window, per
 // transaction shape, found by doubling the rate until a window fails and
 // then halving the gap twice; and at the first failing rate, where the

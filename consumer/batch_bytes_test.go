@@ -9,9 +9,10 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// Issue 21: a batch closes once its messages reach BatchMaxBytes, so a
-// partition's batch holds at most BatchMaxBytes plus one message, whatever
-// BatchSize allows. Fails if collect counts messages only.
+// A batch closes once its messages reach BatchMaxBytes, so a partition's
+// batch holds at most BatchMaxBytes plus one message, whatever BatchSize
+// allows, and a consumer's memory is bounded whatever the messages' size.
+// Fails if collect counts messages only.
 func TestBatchMaxBytesClosesABatch(t *testing.T) {
 	t.Parallel()
 	cfg := batchConfig(100)

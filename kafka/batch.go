@@ -16,7 +16,8 @@ const batchOverhead = 61
 // batch is the records of one partition sent together: built once from
 // its recBuf's queue, then sent unchanged until it is answered.
 type batch struct {
-	sent  time.Time // when it was first sent
+	sent  time.Time // when it was first sent: its delivery timeout runs from then
+	via   *sink     // the sink whose request carries it, while in flight
 	bytes int       // the records' size in the batch, at most MaxMessageBytes
 	recs  []*Record
 	rb    *sarama.RecordBatch

@@ -13,7 +13,10 @@ import (
 )
 
 // EnsureCompactedTopic creates topic as a compacted topic with one partition
-// when it does not exist. Its segments are small so that compaction keeps it
+// when it does not exist, and refuses one that exists with more partitions
+// (ErrCheckpointTopic): the read barrier (ReadCompacted) protects a read only
+// on the partition it was written to, and with several partitions the
+// barrier's key and the checkpoint's land on different ones. Its segments are small so that compaction keeps it
 // short: it holds one small record per key that matters (a checkpoint).
 func EnsureCompactedTopic(cfg Config, topic string) error {
 	sc, err := cfg.Sarama()
@@ -29,7 +32,11 @@ func EnsureCompactedTopic(cfg Config, topic string) error {
 	if err != nil {
 		return fmt.Errorf("kafka: list topics: %w", err)
 	}
-	if _, ok := topics[topic]; ok {
+	if d, ok := topics[topic]; ok {
+		if d.NumPartitions > 1 {
+			return fmt.Errorf("%w: the checkpoint topic %q has %d partitions; outboxd needs exactly 1, so that a session's read barrier and its checkpoints share a partition (a stale leader is noticed only there): point --checkpoint-topic at a new topic, which outboxd creates with one partition",
+				ErrCheckpointTopic, topic, d.NumPartitions)
+		}
 		return nil
 	}
 	brokers, _, err := admin.DescribeCluster()

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -246,4 +248,29 @@ func countRecords(t *testing.T, brokers []string, topic string) int {
 		off = next
 	}
 	return n
+}
+
+// A checkpoint topic created by hand with several partitions is refused with
+// one line naming the fix, and halts rather than restarts: the read barrier
+// and the checkpoint would land on different partitions, so the barrier
+// would protect nothing.
+func TestEnsureCompactedTopicRefusesSeveralPartitions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	k := testenv.Kafka(t)
+	cfg := DefaultConfig()
+	cfg.Brokers = k.Brokers
+	one := k.Topic(t, "cp1", 1)
+	if err := EnsureCompactedTopic(cfg, one); err != nil {
+		t.Fatalf("a one-partition checkpoint topic: %v", err)
+	}
+	three := k.Topic(t, "cp3", 3)
+	err := EnsureCompactedTopic(cfg, three)
+	if !errors.Is(err, ErrCheckpointTopic) || !halt.Is(err) {
+		t.Fatalf("a 3-partition checkpoint topic: %v, want ErrCheckpointTopic (a halt)", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "3 partitions") || !strings.Contains(msg, "--checkpoint-topic") {
+		t.Fatalf("%q: want one line naming the partitions and --checkpoint-topic", msg)
+	}
 }

@@ -33,11 +33,17 @@ type Config struct {
 	// between two attempts at the same batch.
 	RetryBackoff    time.Duration
 	RetryBackoffMax time.Duration
-	// DeliveryTimeout is how long a batch may keep failing with retriable
-	// errors (broker down, no leader, not enough replicas) before its
-	// records fail and the pipeline restarts. Until then the producer sends
-	// the same batch again, which keeps per-partition order and adds no
-	// duplicate; a restart sends everything unconfirmed again.
+	// DeliveryTimeout is how long a record may stay undelivered from its
+	// first attempt (its batch's first send; for a record that could not
+	// be sent, from when it could first have been) before it fails and the
+	// pipeline restarts: whatever kept it — retriable errors (broker down,
+	// not enough replicas), no leader, or a request that is never
+	// answered. Until then the producer sends the same batch again, which
+	// keeps per-partition order and adds no duplicate; a restart sends
+	// everything unconfirmed again. Below RequestTimeout (the time a broker
+	// may take to answer while it waits for its in-sync replicas) a slow
+	// but healthy answer can come too late, as with the Java client's
+	// delivery.timeout.ms below request.timeout.ms.
 	DeliveryTimeout time.Duration
 	// UnknownTopicTimeout is how long a topic the brokers call unknown is
 	// looked up again before its records are poison.
@@ -157,8 +163,8 @@ func (c Config) Sarama() (*sarama.Config, error) {
 	sc.Net.MaxOpenRequests = 1
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
-	// For sarama's own producers (the dead-letterer); Producer
-	// retries by DeliveryTimeout.
+	// For sarama's own producers (the consumer package's dead-letter
+	// producer); Producer retries by DeliveryTimeout.
 	sc.Producer.Retry.Max = 10
 	sc.Producer.Retry.Backoff = c.RetryBackoffMax
 	sc.Producer.Timeout = c.RequestTimeout
@@ -181,23 +187,4 @@ func (c Config) Sarama() (*sarama.Config, error) {
 		return nil, fmt.Errorf("kafka config: %w", err)
 	}
 	return sc, nil
-}
-
-// saramaMessage maps r to a sarama message for topic, with extra room in
-// the header slice for the dead-letter headers.
-func saramaMessage(topic string, r *Record, extraHeaders ...sarama.RecordHeader) *sarama.ProducerMessage {
-	m := &sarama.ProducerMessage{
-		Topic:     topic,
-		Key:       sarama.ByteEncoder(r.Key),
-		Value:     sarama.ByteEncoder(r.Value),
-		Timestamp: r.Timestamp,
-	}
-	if n := len(r.Headers) + len(extraHeaders); n > 0 {
-		m.Headers = make([]sarama.RecordHeader, 0, n)
-		for _, h := range r.Headers {
-			m.Headers = append(m.Headers, sarama.RecordHeader{Key: []byte(h.Key), Value: h.Value})
-		}
-		m.Headers = append(m.Headers, extraHeaders...)
-	}
-	return m
 }

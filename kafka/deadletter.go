@@ -41,52 +41,78 @@ const (
 	legacyHeaderPayloadOmit   = "outboxd-payload-omitted"
 )
 
-// DeadLetterer sends poison records to the dead-letter topic with a
-// synchronous producer.
+// DeadLetterer sends poison records to the dead-letter topic, one at a
+// time, each waited for, with the package's own Producer. sarama's
+// SyncProducer, used before, takes no context: a DeadLetter called while
+// Kafka was away waited out sarama's retries whatever its caller's
+// context said, and so did the shutdown that cancelled it. The Producer's
+// Send and Close end on the context and at once, and its delivery timeout
+// bounds a dead letter as it does every other record.
 type DeadLetterer struct {
-	topic    string
-	maxBytes int
-	sp       sarama.SyncProducer
+	topic string
+	p     *Producer
 }
 
-// NewDeadLetterer connects a synchronous producer for topic.
+// NewDeadLetterer connects a producer for topic. Dead letters are not part
+// of a transaction, and one the dead-letter topic refuses for good does
+// not stop those after it (each is its caller's error).
 func NewDeadLetterer(cfg Config, topic string) (*DeadLetterer, error) {
-	sc, err := cfg.Sarama()
-	if err != nil {
-		return nil, err
-	}
-	sp, err := sarama.NewSyncProducer(cfg.Brokers, sc)
+	cfg.TransactionalID = ""
+	cfg.ContinueAfterPoison = true
+	p, err := NewProducer(cfg, nil, ProducerHooks{})
 	if err != nil {
 		return nil, fmt.Errorf("kafka dead-letter producer: %w", err)
 	}
-	return &DeadLetterer{topic: topic, maxBytes: cfg.MaxMessageBytes, sp: sp}, nil
+	return &DeadLetterer{topic: topic, p: p}, nil
 }
 
 // DeadLetter implements DeadLetterer. The original key, value and headers are
 // kept; a value that made the record too large is omitted (it stays in the
-// outbox table) and its size is noted in a header.
-func (d *DeadLetterer) DeadLetter(_ context.Context, r *Record, cause error) error {
+// outbox table) and its size is noted in a header. It returns ctx's error
+// as soon as ctx ends; the record may still be delivered after that (it is
+// the producer's until it comes back, and Close ends that).
+func (d *DeadLetterer) DeadLetter(ctx context.Context, r *Record, cause error) error {
 	text, size := []byte(cause.Error()), strconv.AppendInt(nil, int64(len(r.Value)), 10)
-	m := saramaMessage(d.topic, r,
-		sarama.RecordHeader{Key: []byte(HeaderDLQError), Value: text},
-		sarama.RecordHeader{Key: []byte(HeaderDLQErrorClass), Value: []byte(ClassPoison)},
-		sarama.RecordHeader{Key: []byte(HeaderDLQSourceTopic), Value: []byte(r.Topic)},
-		sarama.RecordHeader{Key: []byte(HeaderDLQPayloadBytes), Value: size},
-		sarama.RecordHeader{Key: []byte(legacyHeaderError), Value: text},
-		sarama.RecordHeader{Key: []byte(legacyHeaderOriginalTopic), Value: []byte(r.Topic)},
-		sarama.RecordHeader{Key: []byte(legacyHeaderPayloadBytes), Value: size},
+	headers := make([]Header, 0, len(r.Headers)+9)
+	headers = append(headers, r.Headers...)
+	headers = append(headers,
+		Header{Key: HeaderDLQError, Value: text},
+		Header{Key: HeaderDLQErrorClass, Value: []byte(ClassPoison)},
+		Header{Key: HeaderDLQSourceTopic, Value: []byte(r.Topic)},
+		Header{Key: HeaderDLQPayloadBytes, Value: size},
+		Header{Key: legacyHeaderError, Value: text},
+		Header{Key: legacyHeaderOriginalTopic, Value: []byte(r.Topic)},
+		Header{Key: legacyHeaderPayloadBytes, Value: size},
 	)
+	// Done has room for the one answer, so the producer never blocks on
+	// it, even when the caller gave up before the answer came.
+	done := make(chan *Record, 1)
+	m := &Record{Topic: d.topic, Key: r.Key, Value: r.Value, Headers: headers, Timestamp: r.Timestamp,
+		OutboxID: r.OutboxID, EventID: r.EventID, Urgent: true, Done: done}
 	var ce sarama.ConfigurationError
-	if r.Size()+1024 > d.maxBytes || errors.As(cause, &ce) ||
+	if r.Size()+1024 > d.p.cfg.MaxMessageBytes || errors.As(cause, &ce) ||
 		errors.Is(cause, sarama.ErrMessageSizeTooLarge) || errors.Is(cause, sarama.ErrMessageSetSizeTooLarge) {
 		m.Value = nil
 		m.Headers = append(m.Headers,
-			sarama.RecordHeader{Key: []byte(HeaderDLQPayloadOmitted), Value: []byte("true")},
-			sarama.RecordHeader{Key: []byte(legacyHeaderPayloadOmit), Value: []byte("true")})
+			Header{Key: HeaderDLQPayloadOmitted, Value: []byte("true")},
+			Header{Key: legacyHeaderPayloadOmit, Value: []byte("true")})
 	}
-	_, _, err := d.sp.SendMessage(m)
-	return err
+	if err := d.p.Send(ctx, m); err != nil {
+		return err
+	}
+	select {
+	case back := <-done:
+		var pe *PoisonError
+		if errors.As(back.Err, &pe) {
+			// The dead-letter topic's refusal is not the event's poison:
+			// matching ErrPoison would read as "set a dead-letter topic".
+			return fmt.Errorf("dead-letter topic %q refused the record: %w", d.topic, pe.Err)
+		}
+		return back.Err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// Close closes the producer.
-func (d *DeadLetterer) Close() error { return d.sp.Close() }
+// Close closes the producer: a dead letter still out fails at once.
+func (d *DeadLetterer) Close() error { return d.p.Close() }

@@ -61,8 +61,8 @@ func minPositive(a, b int) int {
 }
 
 // fitBroker lowers cfg's MaxMessageBytes and MaxRequestBytes to what the
-// brokers accept (issue 21: a produce request never exceeds the broker's
-// limits). When the brokers cannot say (no DescribeConfigs permission), the
+// brokers accept, so that a produce request never exceeds the broker's
+// limits. When the brokers cannot say (no DescribeConfigs permission), the
 // configured values stand.
 func fitBroker(cfg *Config, client sarama.Client, conf *sarama.Config, log *zap.Logger) {
 	msg, req, err := brokerLimits(client, conf)

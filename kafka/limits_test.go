@@ -12,7 +12,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// Issue 21: a produce request never exceeds the broker's
+// A produce request never exceeds the broker's
 // socket.request.max.bytes, nor a batch its message.max.bytes, both read
 // from the broker with DescribeConfigs. The fake broker reports 30,000 and
 // 70,000 bytes; records of 10 KB go to 6 partitions at once, which without

@@ -51,8 +51,8 @@ func (p *Producer) handleMeta(m topicMeta) {
 	t.failingAt, t.attempts, t.unknownSince, t.missing = time.Time{}, 0, time.Time{}, nil
 	t.refreshAt = now.Add(p.cfg.MetadataRefresh)
 	if t.partitions != 0 && m.partitions < t.partitions {
-		// Partitions never shrink; keep routing on the known count.
-		m.partitions = t.partitions
+		p.shrunk(t, m.partitions)
+		return
 	}
 	if t.partitions == 0 {
 		t.partitions = m.partitions
@@ -111,6 +111,39 @@ func (p *Producer) lookupFailed(t *topicState, err error, now time.Time) {
 	if t.attempts == 1 || t.attempts%10 == 0 {
 		p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
 			zap.Int("attempt", t.attempts), zap.Error(err))
+	}
+}
+
+// shrunk fails every record of t, whose partition count went down to n.
+// Kafka never removes partitions: the topic was deleted and recreated with
+// fewer. Keys then belong to other partitions (murmur2 % n), and some of
+// t's partitions are gone, so their records would never have a leader.
+// Routing the later records by the new count in this producer would send a
+// key's later records before its earlier ones that failed, so nothing more
+// of t goes: its queued and waiting records fail with the cause, a batch in
+// flight is decided by its answer, and later records fail at once (rule
+// 3). The pipeline restarts; the new producer looks t up afresh and routes
+// by n.
+func (p *Producer) shrunk(t *topicState, n int32) {
+	err := &PartitionsShrunkError{Topic: t.name, From: t.partitions, To: n}
+	p.log.Error("kafka topic has fewer partitions than before (deleted and recreated): failing its records; the pipeline restarts and routes keys by the new count",
+		zap.String("topic", t.name), zap.Int32("from", t.partitions), zap.Int32("to", n))
+	t.failed = err
+	for _, r := range t.pending {
+		p.fail(r, recordErr(r, err))
+	}
+	t.pending = nil
+	for _, rb := range t.parts {
+		for _, r := range rb.unwait() {
+			p.fail(r, recordErr(r, err))
+		}
+		for _, r := range rb.takeQueue() {
+			p.fail(r, recordErr(r, err))
+		}
+		rb.stop(p, err)
+	}
+	if p.cfg.TransactionalID != "" {
+		p.failTxn(err)
 	}
 }
 

@@ -18,10 +18,17 @@ import (
 //	idle, waiting ──stop──▶ stopped
 //	waiting ──unwait──▶ idle                      (the topic is missing: the
 //	                                                batch's records are poison)
+//	inFlight, stopping ──expire──▶ abandoned ──land──▶ stopped
+//	                                              (the delivery timeout passed
+//	                                               unanswered: the records
+//	                                               failed; the answer is dropped)
+//	idle, waiting ──expire──▶ stopped             (the delivery timeout passed
+//	                                               unsent: no leader, or no
+//	                                               answer to its broker's request)
 //
 // Before this was explicit, stopping a partition (a metadata refresh saying
 // its topic is unknown) dropped a batch still in flight, and its response
-// then dereferenced the missing batch (issue 22).
+// then dereferenced the missing batch: a panic.
 type partPhase uint8
 
 const (
@@ -38,9 +45,16 @@ const (
 	partStopping
 	// partStopped: holds nothing; every new record fails with failed.
 	partStopped
+	// partAbandoned: its batch's delivery timeout passed while the batch
+	// was in flight: its records have failed, and the response, whenever
+	// it comes, decides nothing. Waiting for it instead would let a
+	// request that is never answered (a broker whose bytes are held, no
+	// connection closed) hold the records for as long as the network
+	// does; the batch stays only so that land finds it.
+	partAbandoned
 )
 
-var phaseNames = [...]string{"idle", "in flight", "waiting", "stopping", "stopped"}
+var phaseNames = [...]string{"idle", "in flight", "waiting", "stopping", "stopped", "abandoned"}
 
 func (ph partPhase) String() string { return phaseNames[ph] }
 
@@ -57,13 +71,18 @@ type recBuf struct {
 	leader    *sarama.Broker // nil: unknown, resolve the topic
 	queue     []*Record      // not yet in a batch, in order
 	queued    int            // bytes in queue
-	batch     *batch         // set exactly in inFlight, waiting and stopping
+	batch     *batch         // set exactly in inFlight, waiting, stopping and abandoned
 	seq       int32          // first sequence of the next new batch
 	single    int            // send this many next records one per batch
 	retryAt   time.Time
 	failingAt time.Time // first failure of the current batch
 	urgent    bool      // the queue holds an Urgent record: no linger
 	attempts  int
+	lastErr   error // of the last failed attempt of the current batch
+	// landed is when its last batch came back: the head of the queue
+	// could not be sent before, so its delivery timeout runs from then at
+	// the earliest (see deadline).
+	landed time.Time
 	// failed, when set, refuses new records. A partition sealed by a
 	// poison record (see seal) still sends what it holds; a stopped one
 	// holds nothing.
@@ -77,7 +96,35 @@ func (rb *recBuf) hasWork() bool {
 
 // drained reports whether rb holds no record: nothing queued, no batch.
 func (rb *recBuf) drained() bool {
-	return !rb.hasWork() && rb.phase != partInFlight && rb.phase != partStopping
+	return !rb.hasWork() && rb.phase != partInFlight && rb.phase != partStopping && rb.phase != partAbandoned
+}
+
+// deadline is when the oldest record rb holds reaches its delivery
+// timeout (zero: it holds none it could still deliver). A record's timeout
+// runs from its first attempt, answered or not: a batch's from its first
+// send; a queued record's from when it could first have been sent (queued,
+// and nothing of its partition in flight), so a partition without a
+// leader, or whose broker never answers, fails its records instead of
+// holding them unseen.
+func (rb *recBuf) deadline(timeout time.Duration) time.Time {
+	switch rb.phase {
+	case partInFlight, partWaiting, partStopping:
+		if rb.batch.sent.IsZero() {
+			return time.Time{}
+		}
+		return rb.batch.sent.Add(timeout)
+	case partIdle:
+		if len(rb.queue) == 0 {
+			return time.Time{}
+		}
+		from := rb.queue[0].enqueued
+		if rb.landed.After(from) {
+			from = rb.landed
+		}
+		return from.Add(timeout)
+	default:
+		return time.Time{}
+	}
 }
 
 // due reports whether rb's next batch may go now; if not, the time it may
@@ -118,18 +165,24 @@ func (rb *recBuf) take(p *Producer) *batch {
 	return rb.batch
 }
 
-// land takes rb's batch back from a finished request. stopCause is set
-// when rb was stopped while the batch was in flight: rb is then stopped,
-// and the caller settles the batch's records with it. b is nil when rb had
-// no batch in flight (never expected; the caller ignores the response).
-func (rb *recBuf) land() (b *batch, stopCause error) {
+// land takes rb's batch back from a request that finished at now.
+// stopCause is set when rb was stopped while the batch was in flight: rb is
+// then stopped, and the caller settles the batch's records with it. b is
+// nil when there is nothing to decide: with stopCause set, the batch was
+// abandoned at its delivery timeout (its records have failed: the answer
+// is dropped); without, rb had no batch in flight (never expected; the
+// caller logs and ignores the response).
+func (rb *recBuf) land(now time.Time) (b *batch, stopCause error) {
 	switch rb.phase {
 	case partInFlight:
-		b, rb.batch, rb.phase = rb.batch, nil, partIdle
+		b, rb.batch, rb.phase, rb.landed = rb.batch, nil, partIdle, now
 		return b, nil
 	case partStopping:
 		b, rb.batch, rb.phase = rb.batch, nil, partStopped
 		return b, rb.failed
+	case partAbandoned:
+		rb.batch, rb.phase = nil, partStopped
+		return nil, rb.failed
 	default:
 		return nil, nil
 	}
@@ -180,6 +233,41 @@ func (rb *recBuf) poison(p *Producer, r *Record, cause error) {
 	}
 }
 
+// expire fails rb's records at their delivery timeout, with cause for the
+// oldest (the batch, or the head of the queue) and as unsent for those
+// behind it, and stops rb: nothing later of the partition is sent (rule
+// 3). A batch in flight is abandoned (see partAbandoned). It reports
+// whether a batch was in flight, whose request the caller aborts.
+func (rb *recBuf) expire(p *Producer, cause error) (inFlight bool) {
+	switch rb.phase {
+	case partInFlight, partStopping:
+		rb.batch.settle(p, cause)
+		inFlight = true
+	case partWaiting:
+		rb.batch.settle(p, cause)
+		rb.batch, rb.phase = nil, partIdle
+	case partIdle:
+		if len(rb.queue) > 0 {
+			head := rb.queue[0]
+			rb.queue = rb.queue[1:]
+			rb.queued -= head.Size() + recordOverhead
+			p.fail(head, recordErr(head, cause))
+		}
+	}
+	if rb.failed == nil {
+		rb.failed = cause
+	}
+	for _, r := range rb.takeQueue() {
+		p.fail(r, stoppedErr(r, cause))
+	}
+	if inFlight {
+		rb.phase = partAbandoned
+	} else {
+		rb.phase = partStopped
+	}
+	return inFlight
+}
+
 // stop fails rb's queue, and its batch unless that is in flight (its
 // response settles it: see land); every later record of the partition
 // fails at once.
@@ -199,4 +287,5 @@ func (rb *recBuf) stop(p *Producer, cause error) {
 	case partIdle:
 		rb.phase = partStopped
 	}
+	// partAbandoned, partStopping, partStopped: already stopped.
 }

@@ -20,6 +20,7 @@ func bareProducer() *Producer {
 func queued(p *Producer, ps *recBuf, ids ...int64) {
 	for _, id := range ids {
 		r := rec(id, "t", "a")
+		r.enqueued = time.Now()
 		ps.queue = append(ps.queue, r)
 		ps.queued += r.Size() + recordOverhead
 		p.outstanding++
@@ -69,7 +70,7 @@ func TestPartitionLandWaitAndResendTheSameBatch(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)
 	b := ps.take(p)
-	got, cause := ps.land()
+	got, cause := ps.land(time.Now())
 	if got != b || cause != nil || ps.phase != partIdle || ps.batch != nil {
 		t.Fatalf("land: batch %v cause %v, %s; want the batch back, idle", got == b, cause, ps.phase)
 	}
@@ -88,7 +89,7 @@ func TestPartitionLandWithoutABatch(t *testing.T) {
 	for _, ph := range []partPhase{partIdle, partWaiting, partStopped} {
 		ps := partition()
 		ps.phase = ph
-		if b, cause := ps.land(); b != nil || cause != nil || ps.phase != ph {
+		if b, cause := ps.land(time.Now()); b != nil || cause != nil || ps.phase != ph {
 			t.Errorf("land in %s: batch %v cause %v, now %s; want nothing, unchanged", ph, b, cause, ps.phase)
 		}
 	}
@@ -114,7 +115,7 @@ func TestPartitionStopWhenWaiting(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)
 	b := ps.take(p)
-	ps.land()
+	ps.land(time.Now())
 	ps.wait(b)
 	queued(p, ps, 2)
 	ps.stop(p, errors.New("boom"))
@@ -125,7 +126,8 @@ func TestPartitionStopWhenWaiting(t *testing.T) {
 }
 
 // inFlight ──stop──▶ stopping ──land──▶ stopped: the batch is kept for its
-// response, which decides its records (issue 22's panic).
+// response, which decides its records (dropping it made the response
+// dereference a missing batch: a panic).
 func TestPartitionStopWhileInFlightKeepsTheBatch(t *testing.T) {
 	p, ps := bareProducer(), partition()
 	queued(p, ps, 1)
@@ -136,7 +138,7 @@ func TestPartitionStopWhileInFlightKeepsTheBatch(t *testing.T) {
 	if ids, _ := backIDs(p); ps.phase != partStopping || ps.batch != b || len(ids) != 1 || ids[0] != 2 {
 		t.Fatalf("stopped in flight: %s, batch kept %v, back %v; want stopping, the batch kept, the queued record failed", ps.phase, ps.batch == b, ids)
 	}
-	got, why := ps.land()
+	got, why := ps.land(time.Now())
 	if got != b || why != cause || ps.phase != partStopped {
 		t.Fatalf("land while stopping: batch %v cause %v, %s; want the batch with the stop's cause, stopped", got == b, why, ps.phase)
 	}
@@ -267,9 +269,89 @@ func TestPartitionUrgentRecordIsDueWithoutTheLinger(t *testing.T) {
 	if len(b.recs) != 2 {
 		t.Fatalf("the batch took %d records, want both", len(b.recs))
 	}
-	ps.land()
+	ps.land(time.Now())
 	ps.push(rec(3, "t", "a"), now)
 	if ok, _ := ps.due(now, linger, 1<<20); ok {
 		t.Fatal("the partition stayed urgent after the batch took its urgent record")
+	}
+}
+
+// inFlight ──expire──▶ abandoned ──land──▶ stopped: at its delivery
+// timeout a batch still in flight fails at once, the records behind it fail
+// unsent, and its answer, whenever it comes, decides nothing.
+func TestPartitionExpireInFlightAbandonsTheBatch(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1)
+	b := ps.take(p)
+	queued(p, ps, 2)
+	cause := errors.New("no answer")
+	if !ps.expire(p, cause) {
+		t.Fatal("expire in flight does not report the request to abort")
+	}
+	ids, errs := backIDs(p)
+	if ps.phase != partAbandoned || ps.batch != b || len(ids) != 2 || ids[0] != 1 || !errors.Is(errs[0], cause) || !errors.Is(errs[1], errPartitionStopped) {
+		t.Fatalf("expired in flight: %s, back %v %v; want abandoned, record 1 failed with the cause, then record 2 unsent", ps.phase, ids, errs)
+	}
+	if ps.hasWork() || ps.drained() {
+		t.Fatalf("abandoned: work %v, drained %v; want no work, not drained (its request is still out)", ps.hasWork(), ps.drained())
+	}
+	got, why := ps.land(time.Now())
+	if got != nil || why != cause || ps.phase != partStopped {
+		t.Fatalf("land when abandoned: batch %v cause %v, %s; want no batch to decide, the cause, stopped", got != nil, why, ps.phase)
+	}
+	if ids, _ := backIDs(p); len(ids) != 0 {
+		t.Fatalf("records %v came back twice", ids)
+	}
+}
+
+// waiting, idle ──expire──▶ stopped: the oldest record fails with the
+// cause, those behind it unsent.
+func TestPartitionExpireWaitingOrQueued(t *testing.T) {
+	cause := errors.New("no leader")
+	p, ps := bareProducer(), partition()
+	queued(p, ps, 1)
+	b := ps.take(p)
+	ps.land(time.Now())
+	ps.wait(b)
+	queued(p, ps, 2)
+	if ps.expire(p, cause) {
+		t.Fatal("expire while waiting reports a request in flight")
+	}
+	ids, errs := backIDs(p)
+	if ps.phase != partStopped || ps.batch != nil || len(ids) != 2 || !errors.Is(errs[0], cause) || !errors.Is(errs[1], errPartitionStopped) {
+		t.Fatalf("expired waiting: %s, back %v %v; want stopped, the batch failed with the cause, the queue unsent", ps.phase, ids, errs)
+	}
+	p, ps = bareProducer(), partition()
+	queued(p, ps, 3, 4)
+	ps.expire(p, cause)
+	ids, errs = backIDs(p)
+	if ps.phase != partStopped || len(ids) != 2 || ids[0] != 3 || !errors.Is(errs[0], cause) || !errors.Is(errs[1], errPartitionStopped) || ps.queued != 0 {
+		t.Fatalf("expired idle: %s, back %v %v, %d bytes queued; want stopped, the head failed with the cause, the rest unsent", ps.phase, ids, errs, ps.queued)
+	}
+}
+
+// The delivery timeout runs from a batch's first send, and for a queued
+// record from when it could first have been sent: queued, and its
+// partition's previous batch back.
+func TestPartitionDeadlineRunsFromTheFirstAttempt(t *testing.T) {
+	const timeout = time.Minute
+	p, ps := bareProducer(), partition()
+	if d := ps.deadline(timeout); !d.IsZero() {
+		t.Fatalf("empty partition has deadline %v", d)
+	}
+	queued(p, ps, 1)
+	enq := ps.queue[0].enqueued
+	if d := ps.deadline(timeout); !d.Equal(enq.Add(timeout)) {
+		t.Fatalf("queued: deadline %v, want its enqueue time + timeout", d)
+	}
+	b := ps.take(p)
+	queued(p, ps, 2)
+	if d := ps.deadline(timeout); !d.Equal(b.sent.Add(timeout)) {
+		t.Fatalf("in flight: deadline %v, want its first send + timeout", d)
+	}
+	landed := time.Now().Add(time.Second)
+	ps.land(landed)
+	if d := ps.deadline(timeout); !d.Equal(landed.Add(timeout)) {
+		t.Fatalf("queued behind a batch that came back later: deadline %v, want the landing + timeout", d)
 	}
 }

@@ -24,7 +24,7 @@ import (
 // With the AsyncProducer a record can fail while a later record of the same
 // partition succeeds, and the pipeline's restart then appends the failed
 // record after the later one: a consumer sees an aggregate's events out of
-// commit order (issue 15). sarama fails a record without failing those behind
+// commit order. sarama fails a record without failing those behind
 // it in three ways: its retries run out (Producer.Retry.Max) while later
 // records, with fewer retries used, are still retrying; a leader lookup fails
 // during a leader election or while the broker is down
@@ -46,11 +46,18 @@ import (
 //     appending it twice (KIP-98), so a retry after a lost response adds no
 //     duplicate. The epoch is never bumped.
 //  3. A batch that can never succeed (fenced, out of sequence, unknown
-//     producer, not authorised), or that kept failing for DeliveryTimeout,
-//     fails together with every record queued behind it in its partition,
-//     none of which is sent; so is every later record of that partition
-//     until the producer is closed. The pipeline restarts from the last
-//     confirmed position and sends them again, in order.
+//     producer, not authorised), or that is not delivered within
+//     DeliveryTimeout of its first attempt, fails together with every
+//     record queued behind it in its partition, none of which is sent; so
+//     is every later record of that partition until the producer is
+//     closed. The pipeline restarts from the last confirmed position and
+//     sends them again, in order. The delivery timeout is the run loop's
+//     own deadline (recBuf.deadline, checked by schedule), not a check made
+//     when an answer arrives: a partition that has no leader and a request
+//     its broker never answers (bytes held, no connection closed) would
+//     otherwise hold their records for as long as the fault lasts, with
+//     nothing said. A batch still in flight at its deadline fails at once
+//     and its request is aborted; its answer, should one come, is dropped.
 //  4. A poison record (too large, unknown topic, invalid) is refused alone
 //     when ContinueAfterPoison is set (the pipeline diverts it to the
 //     dead-letter topic); otherwise it stops its partition like rule 3, as the

@@ -26,7 +26,8 @@ func outcome(err error) produceOutcome {
 		return outcomeAcked
 	case errors.Is(err, sarama.ErrMessageSizeTooLarge), errors.Is(err, sarama.ErrMessageSetSizeTooLarge):
 		return outcomeTooLarge
-	case errors.Is(err, sarama.ErrInvalidRecord), errors.Is(err, sarama.ErrInvalidTimestamp),
+	// INVALID_TIMESTAMP is not poison: it is fatal (see TimestampError).
+	case errors.Is(err, sarama.ErrInvalidRecord),
 		errors.Is(err, sarama.ErrInvalidMessage), errors.Is(err, sarama.ErrInvalidTopic):
 		return outcomePoison
 	case errors.Is(err, sarama.ErrNotLeaderForPartition), errors.Is(err, sarama.ErrLeaderNotAvailable),
@@ -66,10 +67,15 @@ func (p *Producer) forgetLeader(broker *sarama.Broker) {
 	}
 }
 
-// strayResponse logs a response for a partition that had no batch in
-// flight. The phases make it impossible; should it happen anyway, the
-// response is ignored rather than crash the process.
-func (p *Producer) strayResponse(rb *recBuf) {
+// strayResponse handles a response that found no batch to decide: a batch
+// abandoned at its delivery timeout (abandoned is its cause; its records
+// failed already), else a partition that had no batch in flight. The phases
+// make the latter impossible; should it happen anyway, the response is
+// ignored rather than crash the process.
+func (p *Producer) strayResponse(rb *recBuf, abandoned error) {
+	if abandoned != nil {
+		return
+	}
 	p.log.Error("kafka produce response for a partition with no batch in flight: ignored (a bug: please report it)",
 		zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition), zap.Stringer("phase", rb.phase))
 }
@@ -81,7 +87,7 @@ func (p *Producer) acked(rb *recBuf, b *batch, offset int64) {
 	if !rb.failingAt.IsZero() && p.hooks.OnRecovered != nil {
 		p.hooks.OnRecovered(rb.topic.name, rb.partition, p.now().Sub(rb.failingAt))
 	}
-	rb.failingAt, rb.attempts = time.Time{}, 0
+	rb.failingAt, rb.attempts, rb.lastErr = time.Time{}, 0, nil
 }
 
 // refused handles a batch the broker refused with err; rb is idle again.
@@ -106,6 +112,10 @@ func (p *Producer) refused(rb *recBuf, b *batch, err error) {
 		}
 		rb.poison(p, b.recs[0], err)
 	default:
+		if errors.Is(err, sarama.ErrInvalidTimestamp) {
+			err = &TimestampError{Topic: rb.topic.name, Partition: rb.partition,
+				First: b.rb.FirstTimestamp, Last: b.rb.MaxTimestamp, Now: p.now(), Err: err}
+		}
 		p.log.Error("kafka refused a batch for good: failing the partition's records",
 			zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition), zap.Error(err))
 		if !b.sent.IsZero() {
@@ -123,8 +133,8 @@ func (p *Producer) refused(rb *recBuf, b *batch, err error) {
 	}
 }
 
-// retry schedules b to be sent again, unchanged, unless rb has failed for
-// longer than the delivery timeout.
+// retry schedules b to be sent again, unchanged, unless its delivery
+// timeout passed.
 func (p *Producer) retry(rb *recBuf, b *batch, err error, refresh bool) {
 	rb.wait(b)
 	now := p.now()
@@ -132,18 +142,12 @@ func (p *Producer) retry(rb *recBuf, b *batch, err error, refresh bool) {
 		rb.failingAt = now
 	}
 	rb.attempts++
+	rb.lastErr = err
 	if !b.sent.IsZero() {
 		p.noteTxnFailing(now.Sub(b.sent))
 	}
-	if now.Sub(rb.failingAt) >= p.cfg.DeliveryTimeout {
-		p.log.Error("kafka produce kept failing for the delivery timeout: failing the partition's records; the pipeline restarts from the last confirmed position",
-			zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition),
-			zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Int("attempts", rb.attempts), zap.Error(err))
-		err = fmt.Errorf("delivery timeout %s after %d attempts: %w", p.cfg.DeliveryTimeout, rb.attempts, err)
-		rb.stop(p, err)
-		if p.cfg.TransactionalID != "" {
-			p.failTxn(err)
-		}
+	if !b.sent.IsZero() && now.Sub(b.sent) >= p.cfg.DeliveryTimeout {
+		p.deliveryTimedOut(rb, err)
 		return
 	}
 	rb.retryAt = now.Add(p.retryBackoff(rb.attempts))
@@ -162,6 +166,62 @@ func (p *Producer) retry(rb *recBuf, b *batch, err error, refresh bool) {
 			t.resolveAt = time.Time{}
 		}
 		p.resolve(t)
+	}
+}
+
+// expireDue fails rb's records if their delivery timeout passed by now
+// (see recBuf.deadline), and returns when it next will (zero: none).
+func (p *Producer) expireDue(rb *recBuf, now time.Time) time.Time {
+	at := rb.deadline(p.cfg.DeliveryTimeout)
+	if at.IsZero() || now.Before(at) {
+		return at
+	}
+	p.deliveryTimedOut(rb, p.undelivered(rb))
+	return time.Time{}
+}
+
+// undelivered says why rb's oldest record is still not delivered, for a
+// delivery timeout that passed with no answer to decide it.
+func (p *Producer) undelivered(rb *recBuf) error {
+	switch {
+	case (rb.phase == partInFlight || rb.phase == partStopping) && rb.batch.via != nil:
+		return fmt.Errorf("%w from broker %s to the produce request", errNoAnswer, rb.batch.via.b.Addr())
+	case rb.leader == nil && rb.lastErr != nil:
+		return fmt.Errorf("%w since the last attempt failed: %w", errNoLeader, rb.lastErr)
+	case rb.leader == nil:
+		return errNoLeader
+	case rb.lastErr != nil:
+		return rb.lastErr
+	case p.cfg.TransactionalID != "" && !p.txn.added[topicPartition{rb.topic.name, rb.partition}]:
+		return fmt.Errorf("%w to adding the partition to the transaction", errNoAnswer)
+	default:
+		return fmt.Errorf("%w from broker %s to the request in flight before it", errNoAnswer, rb.leader.Addr())
+	}
+}
+
+var (
+	errNoLeader = errors.New("no leader known for the partition")
+	errNoAnswer = errors.New("no answer")
+)
+
+// deliveryTimedOut fails rb's records, the oldest at its delivery timeout
+// with cause and those behind it unsent, and stops rb (rule 3): the
+// pipeline restarts from the last confirmed position. A request still
+// carrying rb's batch is aborted, so its broker's sink is free again.
+func (p *Producer) deliveryTimedOut(rb *recBuf, cause error) {
+	p.log.Error("kafka produce not delivered within the delivery timeout: failing the partition's records; the pipeline restarts from the last confirmed position",
+		zap.String("topic", rb.topic.name), zap.Int32("partition", rb.partition), zap.Stringer("phase", rb.phase),
+		zap.Duration("delivery_timeout", p.cfg.DeliveryTimeout), zap.Int("attempts", rb.attempts), zap.Error(cause))
+	err := fmt.Errorf("delivery timeout %s since the first attempt, %d failed attempts: %w", p.cfg.DeliveryTimeout, rb.attempts, cause)
+	var via *sink
+	if rb.batch != nil {
+		via = rb.batch.via
+	}
+	if rb.expire(p, err) && via != nil {
+		via.abort()
+	}
+	if p.cfg.TransactionalID != "" {
+		p.failTxn(err)
 	}
 }
 

@@ -4,9 +4,9 @@ import (
 	"time"
 )
 
-// schedule sends one request to every idle broker that leads a partition
-// with something to send, and returns when it next needs to run (zero: no
-// timer).
+// schedule fails the records past their delivery timeout, sends one
+// request to every idle broker that leads a partition with something to
+// send, and returns when it next needs to run (zero: no timer).
 func (p *Producer) schedule() time.Time {
 	now := p.now()
 	var wake time.Time
@@ -21,6 +21,9 @@ func (p *Producer) schedule() time.Time {
 		p.repartitioned(t)
 		soon(p.refreshMeta(t, now))
 		for _, rb := range t.parts {
+			// Before anything else: a record past its delivery timeout
+			// fails here whether or not an answer or a leader ever comes.
+			soon(p.expireDue(rb, now))
 			if !rb.hasWork() {
 				continue
 			}

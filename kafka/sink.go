@@ -17,6 +17,9 @@ type sink struct {
 	b     *sarama.Broker
 	busy  bool      // a request is in flight
 	ready []*recBuf // the partitions its next request carries (see schedule)
+	// aborting: the request in flight is being aborted (its connection
+	// closed) because a batch in it reached its delivery timeout.
+	aborting bool
 }
 
 // produceResponse is the outcome of one sink's request.
@@ -67,6 +70,7 @@ func (s *sink) produce() {
 			continue
 		}
 		b := rb.take(p)
+		b.via = s
 		size += b.bytes + batchOverhead
 		sent = append(sent, rb)
 		req.AddBatch(rb.topic.name, rb.partition, b.rb)
@@ -115,17 +119,18 @@ func (p *Producer) respond(pr produceResponse) {
 // its batch, and the broker's answer for it decides what happens next.
 func (s *sink) handle(pr produceResponse) {
 	p := s.p
-	s.busy = false
+	s.busy, s.aborting = false, false
 	p.inflight--
+	now := p.now()
 	if pr.err != nil {
 		// The request or its connection failed: the batches may or may not
 		// have been appended. Resending them unchanged is safe (rule 2).
 		go pr.broker.Close() // not here: Close waits for the broker's lock
 		for _, rb := range pr.parts {
-			b, stopCause := rb.land()
+			b, stopCause := rb.land(now)
 			switch {
 			case b == nil:
-				p.strayResponse(rb)
+				p.strayResponse(rb, stopCause)
 			case stopCause != nil:
 				b.settle(p, stopCause)
 			default:
@@ -144,10 +149,10 @@ func (s *sink) handle(pr produceResponse) {
 		if block != nil {
 			err = block.Err
 		}
-		b, stopCause := rb.land()
+		b, stopCause := rb.land(now)
 		switch {
 		case b == nil:
-			p.strayResponse(rb)
+			p.strayResponse(rb, stopCause)
 		case outcome(err) == outcomeAcked:
 			p.acked(rb, b, block.Offset)
 		case stopCause != nil:
@@ -159,9 +164,12 @@ func (s *sink) handle(pr produceResponse) {
 }
 
 // abort closes s's connection when a request is in flight, so that the
-// request returns (with an error) at shutdown.
+// request returns (with an error): at shutdown, and when a batch in it
+// reached its delivery timeout unanswered. The request's other batches are
+// sent again (rule 2).
 func (s *sink) abort() {
-	if s.busy {
+	if s.busy && !s.aborting {
+		s.aborting = true
 		b := s.b
 		s.p.spawn(func() { b.Close() })
 	}

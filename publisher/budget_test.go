@@ -57,7 +57,7 @@ func bigEvent(id int64, size int) replication.Message {
 // The hand-off is in the budget: an event handed over holds room before the
 // pipeline even reads it, so a stream whose events wait in the channel
 // cannot take more than the budget. Fails if Pipeline.TryAcquire ignores the
-// budget (the channel then holds any number of events, issue 21).
+// budget (the channel then holds any number of events, whatever their size).
 func TestBudgetCountsEventsWaitingInTheChannel(t *testing.T) {
 	cfg := DefaultConfig()
 	cost := eventCost(bigEvent(1, 10_000))

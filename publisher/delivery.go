@@ -57,6 +57,11 @@ type delivery interface {
 	// finish runs once every event was acknowledged after a stop: it
 	// checkpoints what is done, so the final confirmation covers it.
 	finish(ctx context.Context) error
+	// cut runs instead of finish when the stream ended inside a PostgreSQL
+	// transaction: at-least-once modes keep what is done of the
+	// transactions before it; exactly-once commits nothing, since the open
+	// Kafka transaction holds part of the cut one (abort follows).
+	cut(ctx context.Context) error
 	// confirmable caps want at what may be confirmed (see gate).
 	confirmable(want pglogrepl.LSN) pglogrepl.LSN
 	// abort ends the session's producer side after Run returned: in

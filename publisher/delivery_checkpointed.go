@@ -65,6 +65,16 @@ func (d *checkpointed) checkpointAcked(r *kafka.Record) error {
 	return nil
 }
 
+// cut waits for what is in flight and checkpoints the transactions done
+// before the cut one: the watermark never passes a transaction without its
+// Commit, so none of the cut one is covered.
+func (d *checkpointed) cut(ctx context.Context) error {
+	if err := d.p.drain(ctx); err != nil {
+		return err
+	}
+	return d.finish(ctx)
+}
+
 // finish waits for the checkpoint record in flight and writes one for
 // everything done.
 func (d *checkpointed) finish(ctx context.Context) error {

@@ -21,6 +21,7 @@ func (d plain) acked(t *txn)               { d.wm.Ack(t) }
 func (plain) interval() time.Duration      { return 0 }
 func (plain) tick(context.Context) error   { return nil }
 func (plain) finish(context.Context) error { return nil }
+func (plain) cut(context.Context) error    { return nil }
 func (plain) abort() error                 { return nil }
 
 func (plain) committed(context.Context, replication.Begin, replication.Commit, bool, bool) error {

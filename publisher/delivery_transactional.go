@@ -129,6 +129,13 @@ func (d *transactional) finish(ctx context.Context) error {
 	return d.tick(ctx)
 }
 
+// cut commits nothing: the open Kafka transaction holds rows of the cut
+// PostgreSQL transaction, and committing it would put them in Kafka beside a
+// checkpoint that does not cover them, so a restart sends them again
+// (duplicates for read_committed readers). abort, which the session runs
+// next, discards it; the transactions before the cut one are sent again too.
+func (d *transactional) cut(context.Context) error { return nil }
+
 // abort aborts the Kafka transaction a session leaves open (a clean stop
 // commits it first: nothing to abort). The abort is also how a zombie
 // learns it was fenced — another instance took the slot over while it was

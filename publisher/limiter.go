@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// limiter is the session's one budget of events and bytes (issue 21): an
+// limiter is the session's one budget of events and bytes, so that memory
+// is bounded whatever the events' size and however long Kafka is away: an
 // event holds room from the moment the stream hands it over (the Stream
 // acquires it through the pipeline's replication.Budget) until Kafka
 // acknowledged it or the dead-letter topic took it. The pipeline's

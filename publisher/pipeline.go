@@ -194,6 +194,9 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			return ctx.Err()
 		}
 		if !ok {
+			if st.cur != nil {
+				return p.cut(ctx, &st)
+			}
 			if err := p.drain(ctx); err != nil {
 				return err
 			}
@@ -203,6 +206,24 @@ func (p *Pipeline) run(ctx context.Context, in <-chan replication.Message) error
 			return err
 		}
 	}
+}
+
+// errStreamCut: the stream ended inside a PostgreSQL transaction. The session
+// ends with the stream's own error (see Service.stream).
+var errStreamCut = errors.New("publisher: the replication stream ended inside a transaction")
+
+// cut ends a session whose stream closed inside a PostgreSQL transaction. It
+// is not a clean end: the transaction in hand is incomplete, so none of it
+// may be confirmed or committed. The delivery mode keeps what is done of the
+// transactions before it (at-least-once) or none of the open Kafka
+// transaction, which holds part of the cut one (exactly-once: the session
+// aborts it). After the restart PostgreSQL sends the whole transaction again.
+func (p *Pipeline) cut(ctx context.Context, st *readState) error {
+	if err := p.mode.cut(ctx); err != nil {
+		return err
+	}
+	return fmt.Errorf("%w (xid %d, final LSN %s): none of it is confirmed; the session restarts and reads it again whole",
+		errStreamCut, st.begin.Xid, st.begin.FinalLSN)
 }
 
 // readState is the reader's transaction in hand.

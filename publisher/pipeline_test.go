@@ -350,7 +350,7 @@ func TestParseHooks(t *testing.T) {
 	}
 }
 
-// The wedge of issue 9: with the in-flight limit reached, the reader waits in
+// The wedge: with the in-flight limit reached, the reader waits in
 // the limiter; a failed record must release it, not leave it waiting for
 // acknowledgements that will never come.
 func TestPipelineFailureReleasesReaderBlockedOnInFlightLimit(t *testing.T) {

@@ -259,7 +259,8 @@ func (s *Service) stream(ctx, hardCtx context.Context, src Source, prod outbox.P
 	switch {
 	case abortErr != nil:
 		return progressed, abortErr
-	case plErr != nil && !errors.Is(plErr, context.Canceled):
+	case plErr != nil && !errors.Is(plErr, context.Canceled) && !(errors.Is(plErr, errStreamCut) && sErr != nil):
+		// A cut stream's cause is the stream's error, below.
 		return progressed, plErr
 	case sErr != nil && halt.Is(sErr):
 		return progressed, sErr

@@ -20,7 +20,8 @@ import (
 	"github.com/outboxd/outboxd/outbox"
 )
 
-// The supervisor's rules (issue 9 part 5), tested with a fake slot
+// The supervisor's rules (when a session restarts, from where, how soon,
+// and when the service halts or waits as a standby), tested with a fake slot
 // (fakeServer/fakeSource) and a fake Kafka (svcKafka/svcProducer). Every
 // wait is for a condition, bounded by waitTimeout.
 

@@ -17,7 +17,8 @@ import (
 	"github.com/outboxd/outboxd/replication"
 )
 
-// The supervisor's rules (issue 9 part 5); the harness is in
+// The supervisor's rules (when a session restarts, from where, how soon,
+// and when the service halts or waits as a standby); the harness is in
 // service_harness_test.go.
 
 // Rule: a produce failure restarts the session from the last confirmed
@@ -130,10 +131,10 @@ func TestServiceCountsRestartsByCause(t *testing.T) {
 	}
 }
 
-// Rule (issue 15): when record n fails and record n+1 of the same key (same
-// partition) is acknowledged, n+1's transaction is not confirmed; the
-// restart sends n then n+1 again, in that order, and then everything is
-// confirmed.
+// Rule (per-key order survives a failure): when record n fails and record
+// n+1 of the same key (same partition) is acknowledged, n+1's transaction
+// is not confirmed; the restart sends n then n+1 again, in that order, and
+// then everything is confirmed.
 func TestServiceLaterRecordAckedAfterAFailedOneIsNotConfirmed(t *testing.T) {
 	srv := newFakeServer(0x10)
 	srv.commit(0x100, event(1, "k", "t"))

@@ -11,7 +11,7 @@ import (
 // hands and not yet done downstream: handed over on the channel, held by the
 // consumer, queued or in flight to Kafka. The stream asks it for room before each event is handed over, so that a channel of
 // messages never holds more bytes than the budget allows, whatever the
-// events' size (issue 21). While there is none, the stream stops reading
+// events' size. While there is none, the stream stops reading
 // from the server and keeps sending status updates.
 type Budget interface {
 	// TryAcquire takes room for one event of n bytes if there is some now.

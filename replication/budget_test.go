@@ -36,10 +36,11 @@ func (b *budgetProgress) free(n int64) {
 	}
 }
 
-// Rule (issue 21): the stream takes room from the consumer's Budget before
-// it hands an event over, says how much in Message.Budgeted, and while there
-// is none it hands nothing over and keeps sending status updates. Fails if
-// deliver hands events over without the budget.
+// Rule (memory bounded whatever the events' size): the stream takes room
+// from the consumer's Budget before it hands an event over, says how much
+// in Message.Budgeted, and while there is none it hands nothing over and
+// keeps sending status updates. Fails if deliver hands events over without
+// the budget.
 func TestStreamTakesRoomBeforeHandingOver(t *testing.T) {
 	f := newFakeServer(t)
 	s := openFake(t, f, testConfig(f))

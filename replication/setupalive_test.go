@@ -1,6 +1,9 @@
 package replication
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // Between Open and Run the session sets up (the producer, the checkpoint
 // read behind its barrier): the stream keeps confirming the slot's own
@@ -36,5 +39,29 @@ func TestStreamCloseBeforeRunStopsTheKeepalive(t *testing.T) {
 	case <-k.done:
 	default:
 		t.Fatal("Close returned with the keepalive still running")
+	}
+}
+
+// A connection that breaks while the session sets up ends Run at once with
+// the keepalive's error, and out is closed: the consumer ranging over it
+// would otherwise wait for ever, alive and "streaming", on a stream that
+// can no longer deliver anything.
+func TestStreamRunAfterTheConnectionBrokeDuringSetUpClosesOut(t *testing.T) {
+	f := newFakeServer(t)
+	s := openFake(t, f, testConfig(f))
+	f.nextStatus(soon)
+	k := s.alive
+	f.close() // the server ends the connection; the keepalive's next sends fail
+	select {
+	case <-k.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the keepalive did not notice the broken connection")
+	}
+	r := startRun(t, f, s, 0, newFakeProgress(0x1000))
+	if got := r.closed(soon); len(got) != 0 {
+		t.Fatalf("Run delivered %d messages on a broken connection", len(got))
+	}
+	if err := r.result(soon); err == nil {
+		t.Fatal("Run = nil after the connection broke during set-up, want the keepalive's error")
 	}
 }

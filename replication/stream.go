@@ -31,7 +31,9 @@ type Stream struct {
 
 // Run receives, decodes and delivers outbox messages to out, in commit
 // order, until ctx is cancelled or the connection fails. It closes out when
-// it stops reading. Every status update confirms what gate says may be
+// it stops reading, on every path: a failure before the first message too.
+// Out closes inside a transaction only when the stream failed; the consumer
+// must then treat the transaction in hand as cut, never as complete. Every status update confirms what gate says may be
 // confirmed; budget (nil: none) bounds the bytes of events handed over.
 //
 // Cancelling ctx stops reading at the next transaction boundary, not the
@@ -47,6 +49,10 @@ type Stream struct {
 // a full out does not count.
 func (s *Stream) Run(ctx context.Context, out chan<- Message, gate Gate, budget Budget) error {
 	if err := s.takeConn(); err != nil {
+		// The connection broke while the session was setting up: out
+		// still ends, or the consumer would wait for ever on a stream that
+		// will never deliver.
+		close(out)
 		return err
 	}
 	st := &streamState{received: s.start, lastCommitEnd: s.start, budget: budget}

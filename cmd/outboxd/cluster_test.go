@@ -27,9 +27,13 @@ import (
 // and outboxd, on one cluster started once. Each asserts: nothing lost, no
 // first delivery out of commit order per key, nothing corrupt, outboxd never
 // exited (and stops cleanly at the end), Kafka's end offsets ≥ rows; and
-// logs duplicates, restarts by cause and the longest stall. Not parallel:
-// three brokers are plenty for a small machine.
+// logs duplicates, restarts by cause and the longest stall. The subtests run
+// one after another (three brokers are plenty for a small machine), the test
+// itself beside the package's others: run alone, it held every parallel
+// test of the package back for as long as it took, most of it waiting on
+// paused brokers with the CPU idle.
 func TestClusterFaults(t *testing.T) {
+	t.Parallel()
 	begin := time.Now()
 	c := testenv.StartKafkaCluster(t, 3)
 	probeTopic := c.CreateTopic(t, "probe", 1)

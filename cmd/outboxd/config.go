@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -244,57 +243,6 @@ func resolve(fs *flag.FlagSet, set map[string]bool, lookupEnv func(string) (stri
 		}
 	})
 	return sources, errors.Join(errs...)
-}
-
-// quoteSetting quotes a value for an error message, unless it is a secret.
-func quoteSetting(name, v string) string {
-	if secretFlags[name] {
-		return "(value not shown: secret)"
-	}
-	return fmt.Sprintf("%q", v)
-}
-
-// redacted is what stands for a secret in output.
-const redacted = "REDACTED"
-
-// redactSetting returns the value of flag name fit for output.
-func redactSetting(name, v string) string {
-	switch {
-	case name == "pg-dsn":
-		return redactDSN(v)
-	case secretFlags[name] && v != "":
-		return redacted
-	}
-	return v
-}
-
-var dsnPasswordKV = regexp.MustCompile(`(?i)\b((?:ssl)?password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]*)`)
-
-// redactDSN replaces the password (and sslpassword) of a PostgreSQL
-// connection string, in URL or keyword/value form, with REDACTED.
-func redactDSN(dsn string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "(unparseable connection URL, not shown)"
-		}
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), redacted)
-		}
-		q := u.Query()
-		changed := false
-		for k := range q {
-			if strings.EqualFold(k, "password") || strings.EqualFold(k, "sslpassword") {
-				q.Set(k, redacted)
-				changed = true
-			}
-		}
-		if changed {
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	return dsnPasswordKV.ReplaceAllString(dsn, "${1}"+redacted)
 }
 
 // sortedFlags are fs's flags in name order, without the help-only ones.

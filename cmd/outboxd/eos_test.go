@@ -11,7 +11,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// Exactly-once delivery (issue 10), with real processes. Every consumer here
+// Exactly-once delivery, with real processes. Every consumer here
 // reads read_committed (see consume).
 
 func eosArgs(extra ...string) []string {
@@ -198,7 +198,7 @@ func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 	}
 	// A never publishes again as the active instance. Either it learns it
 	// was fenced (PRODUCER_FENCED) and stops for good, or the broker answers
-	// its old epoch with INVALID_PRODUCER_EPOCH, which since issue 22 is a
+	// its old epoch with INVALID_PRODUCER_EPOCH, which outboxd takes for a
 	// lost transaction (also what a coordinator's timeout abort says, KIP-588):
 	// A's session restarts and finds B holding the slot, so A waits as a
 	// standby. Both are safe: the slot is the lock, and the counts above

@@ -185,7 +185,7 @@ func TestRunPoisonEvents(t *testing.T) {
 }
 
 // matchSized compares a poison error line with want, whose "(N bytes)" is a
-// lower bound: the record also carries the outbox-origin header (issue 20),
+// lower bound: the record also carries the outbox-origin header,
 // whose length depends on the test's database name.
 func matchSized(got, want string) bool {
 	re := regexp.MustCompile(`\((\d+) bytes\)`)

@@ -161,7 +161,7 @@ func (e *env) backlog(n int) {
 	}
 }
 
-// The wedge of issue 9: a backlog fills the in-flight window, Kafka stops
+// The wedge: a backlog fills the in-flight window, Kafka stops
 // for 20 s mid-drain. Before the fix, outboxd published nothing more after
 // Kafka came back, without a word. Now the producer retries in place and,
 // past --kafka-delivery-timeout, the session restarts from the confirmed
@@ -204,7 +204,7 @@ func TestRunBacklogSurvivesKafkaStoppedMidDrain(t *testing.T) {
 	d.stop()
 }
 
-// Issue 15: ten 10 s broker outages under 300 events/s. Before the fix a
+// Ten 10 s broker outages under 300 events/s. Before the fix a
 // record that failed at the broker's return was appended after a later
 // record of its aggregate (525 reorders). Now no first delivery is out of
 // commit order, and outboxd publishes again soon after Kafka accepts
@@ -257,7 +257,7 @@ func TestRunTenShortKafkaOutagesKeepPerKeyOrder(t *testing.T) {
 	d.stop()
 }
 
-// A silent server (issue 9): the walsender is frozen (SIGSTOP) — the TCP
+// A silent server: the walsender is frozen (SIGSTOP) — the TCP
 // connection stays open but nothing comes, not even the keepalive outboxd
 // asks for. The watchdog restarts the session after --server-timeout
 // (cause postgres); once the walsender is gone the new session streams and

@@ -81,7 +81,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.kafkaVersion, "kafka-version", k.Version.String(), "Kafka protocol version to speak (Kafka 4 needs ≥ 2.1)")
 	fs.StringVar(&o.compression, "kafka-compression", k.Compression, "record compression: none, gzip, snappy, lz4, zstd")
 	fs.DurationVar(&o.linger, "kafka-linger", k.Linger, "wait up to this long to batch records (0: send as soon as the previous request returns)")
-	fs.DurationVar(&o.deliveryTimeout, "kafka-delivery-timeout", k.DeliveryTimeout, "how long a batch may keep failing with retriable errors (broker down, no leader, not enough replicas) before the pipeline restarts; until then the same batch is sent again, in order and without duplicates")
+	fs.DurationVar(&o.deliveryTimeout, "kafka-delivery-timeout", k.DeliveryTimeout, "how long an event may stay undelivered from its first send (broker down or not answering, no leader, not enough replicas) before the pipeline restarts; until then the same batch is sent again, in order and without duplicates")
 	o.kafkaTopics.addFlags(fs, k)
 	bytesIntVar(fs, &o.maxMessageBytes, "kafka-max-message-bytes", k.MaxMessageBytes, "largest record to produce; larger ones are poison events")
 	bytesIntVar(fs, &o.maxRequestBytes, "kafka-max-request-bytes", k.MaxRequestBytes, "largest produce request (all its batches); lowered to the brokers' socket.request.max.bytes when they report a smaller one")

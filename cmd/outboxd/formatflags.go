@@ -22,8 +22,8 @@ import (
 	"github.com/outboxd/outboxd/publisher"
 )
 
-// formatOpts are the flags of issue 23: Schema Registry formats and
-// CloudEvents (docs/formats.md).
+// formatOpts are the flags of the message formats: Schema Registry formats
+// and CloudEvents (docs/formats.md).
 type formatOpts struct {
 	cfg                            format.Config
 	valueFormat, keyFormat         string

@@ -9,7 +9,7 @@ import (
 	"github.com/outboxd/outboxd/publisher"
 )
 
-// kafkaTopicOpts are the flags for what shared clusters bring (issue 22):
+// kafkaTopicOpts are the flags for what shared clusters bring:
 // transactions that time out, topics that vanish or grow.
 type kafkaTopicOpts struct {
 	txnTimeout          time.Duration

@@ -1,6 +1,6 @@
 package main
 
-// Issue 21: outboxd's memory is bounded by --max-in-flight-bytes, whatever
+// outboxd's memory is bounded by --max-in-flight-bytes, whatever
 // the events' size and however long Kafka is away. These tests run an
 // outboxd built without the race detector (whose shadow memory would hide
 // what is measured) and read its peak RSS (VmHWM) from /proc.
@@ -88,9 +88,9 @@ func (e *env) bigRows(n, size, perTxn, aggs int) {
 // Kafka stopped while 1,000 events of ~900 KB are committed: outboxd reads
 // until the budget is spent and waits; its peak RSS stays within the
 // documented bound; once Kafka is back every event arrives, in per-key
-// order. Before issue 21 the stream→pipeline channel alone held 1,024
-// decoded events whatever their size (1,948 MiB measured at the default
-// budget).
+// order. Before the byte budget the stream→pipeline channel alone held
+// 1,024 decoded events whatever their size (1,948 MiB measured at the
+// default budget).
 func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)

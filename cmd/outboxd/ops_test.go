@@ -276,8 +276,9 @@ func TestStatusCommand(t *testing.T) {
 // While Kafka is down the producer keeps sending the same batch (order
 // first), so the session does not fail; /readyz must still say that nothing
 // moves once events have waited longer than --stall-timeout, and the stalled
-// metric must show it. (With the wedge of issue 9 this is what a user would
-// have seen: 503 and a growing outboxd_stalled_seconds.)
+// metric must show it. (With the wedge — a full in-flight window that never
+// moved again after Kafka came back — this is what a user would have seen:
+// 503 and a growing outboxd_stalled_seconds.)
 func TestRunNotReadyWhileStalled(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)

@@ -57,8 +57,8 @@ func migrateForPoll(t *testing.T, dsn string) {
 	} {
 		d := startDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
 		code := d.wait(60 * time.Second)
-		// migrate also says whether PUBLIC may still emit logical messages
-		// (issue 19): not what this test is about.
+		// migrate also says whether PUBLIC may still emit logical messages:
+		// not what this test is about.
 		var got strings.Builder
 		for _, l := range strings.SplitAfter(d.out.String(), "\n") {
 			if !strings.Contains(l, "pg_logical_emit_message") {

@@ -1,6 +1,6 @@
 package main
 
-// A database that goes back in time (issue 20): outboxd refuses with one
+// A database that goes back in time: outboxd refuses with one
 // message, outboxd checkpoint reset --to-current-history is the one step to
 // go on, and the consumer package then processes every event written after
 // the rewind, none dropped as a duplicate of an event from before it.

@@ -1,8 +1,9 @@
 package main
 
-// Many deployments on one replicated Kafka (issue 22): one private 3-node
+// Many deployments on one replicated Kafka: one private 3-node
 // cluster, started once, its subtests one after another (three brokers and
-// five race-built outboxd are plenty for a small machine).
+// five race-built outboxd are plenty for a small machine); the test itself
+// runs beside the package's others rather than holding them back.
 
 import (
 	"context"
@@ -19,6 +20,7 @@ import (
 )
 
 func TestSharedCluster(t *testing.T) {
+	t.Parallel()
 	begin := time.Now()
 	c := testenv.StartKafkaCluster(t, 3)
 	t.Logf("3-node cluster up in %s", time.Since(begin).Round(time.Millisecond))

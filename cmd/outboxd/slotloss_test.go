@@ -12,7 +12,7 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// A slot dropped while outboxd was stopped (issue 11): events written in
+// A slot dropped while outboxd was stopped: events written in
 // between were never read. outboxd run refuses, naming the gap; outboxd
 // replay --since … --resume publishes them from the table, then streams on.
 // Every row arrives (some twice: the replay starts at a time, consumers

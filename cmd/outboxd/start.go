@@ -82,7 +82,7 @@ func connectCheck(ctx context.Context, w io.Writer, o *options, kcfg kafka.Confi
 		item("PostgreSQL: connection, wal_level, outbox table and columns, REPLICATION role, existing slot", preflightOnly(ctx, o))
 	}
 	if c, err := o.formats.config(o); err == nil && c.NeedsRegistry() {
-		item("Schema Registry: "+o.formats.registryURL+" reachable, credentials accepted", o.formats.checkRegistry(ctx))
+		item("Schema Registry: "+redactURLs(o.formats.registryURL)+" reachable, credentials accepted", o.formats.checkRegistry(ctx))
 	}
 	if failed > 0 {
 		return fmt.Errorf("config check --connect: %d of the checks above failed", failed)

@@ -39,7 +39,7 @@ type statusCheckpoint struct {
 	SystemID  string `json:"system_id,omitempty"`
 	WrittenAt string `json:"written_at,omitempty"`
 	// ReadTime is how long reading the topic to its high watermark took:
-	// long when other producers' open transactions held it (issue 22).
+	// long when other producers' open transactions held it.
 	ReadTime string `json:"read_time"`
 }
 

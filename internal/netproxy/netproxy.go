@@ -1,7 +1,8 @@
 // Package netproxy is a small TCP proxy that puts a network between the
 // dev stack's clients and servers: a one-way delay (so a round trip of twice
 // it), jitter, a bandwidth cap and a black hole, each switchable while
-// connections are open (issue 26). dev/netproxy runs it as a process with an
+// connections are open, so tests and make bench-network can measure outboxd
+// at a distance from the broker. dev/netproxy runs it as a process with an
 // HTTP API (dev/stack proxy-start, proxy-set); tests and the benchmark can
 // run it in-process.
 //

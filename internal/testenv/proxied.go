@@ -16,7 +16,7 @@ import (
 // (internal/netproxy) with a round-trip delay, a black hole and so on,
 // switchable while the test runs: the broker advertises the proxy's address
 // on the listener behind it, so every request of a client that bootstraps
-// from [ProxiedKafka.Brokers] crosses the proxy (issue 26).
+// from [ProxiedKafka.Brokers] crosses the proxy.
 type ProxiedKafka struct {
 	// Server is the broker; Server.Brokers is its direct listener, for
 	// admin work that should not pay the delay.
