@@ -20,10 +20,16 @@ var (
 	settleFor = flag.Duration("sim.settle", 30*time.Second, "how long the system may take to settle after the faults stop before the run counts as hung")
 )
 
-// testSeeds are TestSim's runs under make test: both delivery modes
-// (a seed's parity picks it, see Delivery), small enough for -race on 2
-// cores.
-var testSeeds = []uint64{1, 2, 3, 4, 5, 6}
+// testSeeds are TestSim's runs under make test: both delivery modes (a
+// seed's parity picks it, see Delivery), small enough for -race on 2
+// cores. On the code before the pipeline told a cut stream from a clean
+// end, seeds 1, 7, 11 and 15 published duplicates and torn transactions in
+// exactly-once mode and seeds 3 and 8 hung (a connection lost during
+// set-up left the pipeline waiting on a channel nobody closed). Seeds 27
+// and 60 still hang, on a history read (replication.ReadServerHistory)
+// that nothing bounds when the server accepts the connection and then
+// answers nothing: they join this set once it is bounded.
+var testSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
 
 func TestSim(t *testing.T) {
 	if testing.Short() {
