@@ -17,18 +17,22 @@ const Topic = "orders"
 
 // Sizes bound a run's workload and fault schedule.
 type Sizes struct {
-	Txns        int   // PostgreSQL transactions
-	MaxRows     int   // rows per transaction: 1..MaxRows
-	Keys        int   // aggregates: few, so that per-key order is tested
-	Bursts      int   // the transactions are committed in this many bursts
-	ConnFaults  int   // replication connections scripted with a fault
-	KafkaFaults int   // broker faults, each installed at a burst
-	Partitions  int32 // partitions of Topic
+	Txns        int // PostgreSQL transactions
+	MaxRows     int // rows per transaction: 1..MaxRows
+	Keys        int // aggregates: few, so that per-key order is tested
+	Bursts      int // the transactions are committed in this many bursts
+	ConnFaults  int // replication connections scripted with a fault
+	KafkaFaults int // broker faults, each installed at a burst
+	// MoreKafkaFaults are broker faults of further kinds (drawn after all
+	// the others, so that adding them left what a seed drew before as it
+	// was): set-up requests, the checkpoint read, connections cut.
+	MoreKafkaFaults int
+	Partitions      int32 // partitions of Topic
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, Partitions: 3}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -53,9 +57,15 @@ type KafkaFault struct {
 	Err   *kerr.Error   // nil: a slow answer instead
 	Count int           // requests it answers
 	Delay time.Duration // a slow answer's delay
+	// Cut closes the client's connection instead of answering (the request
+	// is not applied): Count requests.
+	Cut bool
 }
 
 func (f KafkaFault) String() string {
+	if f.Cut {
+		return fmt.Sprintf("burst %d: the broker cuts the connection of %d %s requests", f.At, f.Count, f.Key.Name())
+	}
 	if f.Err == nil {
 		return fmt.Sprintf("burst %d: the broker pauses %s before answering a %s", f.At, f.Delay, f.Key.Name())
 	}
@@ -150,6 +160,40 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 			f.Key, f.Delay, f.Count = kmsg.Produce, time.Duration(50+r.IntN(400))*time.Millisecond, 1
 		default:
 			f.Key, f.Delay, f.Count = kmsg.EndTxn, time.Duration(50+r.IntN(400))*time.Millisecond, 1
+		}
+		p.Kafka = append(p.Kafka, f)
+	}
+	for range sz.MoreKafkaFaults {
+		f := KafkaFault{At: r.IntN(len(p.Bursts)), Count: 1 + r.IntN(2)}
+		k := r.IntN(12)
+		if !txnal && (k == 1 || k == 5 || k == 8) {
+			k = []int{0, 2, 3, 4, 6, 7, 9, 10, 11}[r.IntN(9)]
+		}
+		switch k {
+		case 0: // the idempotent or transactional producer's set-up
+			f.Key = kmsg.InitProducerID
+			f.Err = []*kerr.Error{kerr.CoordinatorLoadInProgress, kerr.CoordinatorNotAvailable, kerr.ConcurrentTransactions}[r.IntN(3)]
+		case 1:
+			f.Key = kmsg.FindCoordinator
+			f.Err = []*kerr.Error{kerr.CoordinatorLoadInProgress, kerr.CoordinatorNotAvailable}[r.IntN(2)]
+		case 2: // the checkpoint read finds the end of the topic
+			f.Key, f.Err = kmsg.ListOffsets, kerr.NotLeaderForPartition
+		case 3: // and reads it
+			f.Key, f.Err = kmsg.Fetch, []*kerr.Error{kerr.NotLeaderForPartition, kerr.UnknownLeaderEpoch}[r.IntN(2)]
+		case 4: // applied, then answered with an error: the retry is a duplicate the broker drops
+			f.Key, f.Err = kmsg.Produce, kerr.NotEnoughReplicasAfterAppend
+		case 5:
+			f.Key, f.Cut = kmsg.EndTxn, true
+		case 6, 7:
+			f.Key, f.Cut = kmsg.Produce, true
+		case 8:
+			f.Key, f.Cut = kmsg.AddPartitionsToTxn, true
+		case 9:
+			f.Key, f.Cut = kmsg.Fetch, true
+		case 10:
+			f.Key, f.Cut = kmsg.InitProducerID, true
+		default:
+			f.Key, f.Cut = kmsg.Metadata, true
 		}
 		p.Kafka = append(p.Kafka, f)
 	}

@@ -139,9 +139,7 @@ func Run(opts Options) *Report {
 	// What is left of the schedule goes: the stop and the reader below
 	// meet a broker that answers.
 	for _, in := range kfaults {
-		if in.h != nil {
-			in.h.Remove()
-		}
+		in.remove()
 		ws.note("kafka: %s: answered %d", in.f, in.hits())
 	}
 	cancel()
@@ -249,9 +247,18 @@ func kafkaConfig(brokers []string) kafka.Config {
 
 // injected is one installed broker fault.
 type injected struct {
-	f      KafkaFault
-	h      *kfake.FaultHandle // nil for a pause
-	paused atomic.Bool
+	f    KafkaFault
+	h    *kfake.FaultHandle // an error fault's
+	cuts atomic.Int64       // connections cut, or pauses
+	off  atomic.Bool        // removed: a control answers as usual
+}
+
+// remove takes the fault out, what is left of its count unused.
+func (in *injected) remove() {
+	in.off.Store(true)
+	if in.h != nil {
+		in.h.Remove()
+	}
 }
 
 // hits is how many requests the fault answered.
@@ -259,31 +266,44 @@ func (in *injected) hits() int {
 	if in.h != nil {
 		return in.h.Hits()
 	}
-	if in.paused.Load() {
-		return 1
-	}
-	return 0
+	return int(in.cuts.Load())
 }
 
 // injectKafka installs one broker fault.
 func injectKafka(c *kfake.Cluster, f KafkaFault) *injected {
 	in := &injected{f: f}
-	if f.Err != nil {
-		in.h = c.Fault(kfake.Fault{Keys: []kmsg.Key{f.Key}, Err: f.Err, Count: f.Count, TopLevel: f.Key == kmsg.EndTxn})
-		return in
+	switch {
+	case f.Cut:
+		left := int64(f.Count)
+		c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if left == 0 || in.off.Load() {
+				return nil, nil, false
+			}
+			left--
+			in.cuts.Add(1)
+			c.KeepControl()
+			return nil, errCut, true // kfake closes the connection
+		})
+	case f.Err != nil:
+		top := f.Key == kmsg.EndTxn || f.Key == kmsg.InitProducerID
+		in.h = c.Fault(kfake.Fault{Keys: []kmsg.Key{f.Key}, Err: f.Err, Count: f.Count, TopLevel: top})
+	default:
+		// The whole broker pauses before it answers the next such request
+		// (a GC pause, a slow disk): its cluster goroutine waits in the
+		// control function. kfake's SleepControl, which would delay that
+		// request alone, races on its own state (go test -race reports it
+		// inside kfake).
+		c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if !in.off.Load() && in.cuts.CompareAndSwap(0, 1) {
+				<-time.After(f.Delay)
+			}
+			return nil, nil, false // then answered as usual
+		})
 	}
-	// The whole broker pauses before it answers the next such request (a
-	// GC pause, a slow disk): its cluster goroutine waits in the control
-	// function. kfake's SleepControl, which would delay that request alone,
-	// races on its own state (go test -race reports it inside kfake).
-	c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
-		if in.paused.CompareAndSwap(false, true) {
-			<-time.After(f.Delay)
-		}
-		return nil, nil, false // then answered as usual
-	})
 	return in
 }
+
+var errCut = errors.New("sim: connection cut")
 
 // record is one event record as a consumer sees it.
 type record struct {
