@@ -197,6 +197,12 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 		}
 		p.Kafka = append(p.Kafka, f)
 	}
+	// Drawn last, for the same reason as MoreKafkaFaults.
+	for i := range p.Conn {
+		if p.Conn[i].Kind != FaultNone && r.IntN(4) == 0 {
+			p.Conn[i].Crash = true
+		}
+	}
 	return p
 }
 

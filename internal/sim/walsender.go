@@ -102,6 +102,12 @@ type ConnFault struct {
 	// HoldSlot keeps the slot active for the dropped connection's PID
 	// for a moment, as a walsender that has not exited yet does.
 	HoldSlot bool
+	// Crash makes the drop a server crash: the slot's confirmed position
+	// goes back to what was last persisted (PostgreSQL writes a slot's
+	// confirmed_flush_lsn to disk at checkpoints, so a crash forgets what
+	// was confirmed since), and the next session is sent again what it
+	// had confirmed.
+	Crash bool
 }
 
 func (f ConnFault) String() string {
@@ -124,6 +130,9 @@ func (f ConnFault) String() string {
 	if f.HoldSlot {
 		s += " (slot held a moment)"
 	}
+	if f.Crash {
+		s += " (a crash: the slot forgets what was confirmed since it was persisted)"
+	}
 	return s
 }
 
@@ -142,6 +151,7 @@ type Walsender struct {
 	txns      []*Txn
 	walEnd    pglogrepl.LSN // end of the WAL, idle WAL of other tables included
 	confirmed pglogrepl.LSN // the slot's confirmed_flush_lsn
+	persisted pglogrepl.LSN // what a crash goes back to
 	active    bool
 	activePID uint32
 	appended  chan struct{} // closed and replaced on every commit
@@ -166,7 +176,7 @@ func NewWalsender(faults func(conn int) ConnFault) (*Walsender, error) {
 		return nil, err
 	}
 	w := &Walsender{
-		ln: ln, faults: faults, walEnd: StartLSN, confirmed: StartLSN, nextXid: 700,
+		ln: ln, faults: faults, walEnd: StartLSN, confirmed: StartLSN, persisted: StartLSN, nextXid: 700,
 		appended: make(chan struct{}), progress: make(chan struct{}), conns: map[*wconn]struct{}{},
 	}
 	w.wg.Add(1)
@@ -363,6 +373,18 @@ func (c *wconn) release() {
 	w.mu.Lock()
 	delete(w.conns, c)
 	holds := c.holdsSlot && w.active && w.activePID == c.pid
+	if holds {
+		if c.fault.Crash && c.dropped.Load() {
+			if w.persisted < w.confirmed {
+				w.fired = append(w.fired, fmt.Sprintf("conn %d: crash: the slot goes back from %s to %s", c.n, w.confirmed, w.persisted))
+				w.confirmed = w.persisted
+			}
+		} else {
+			// A session's end stands for a checkpoint: what it confirmed
+			// is on disk.
+			w.persisted = w.confirmed
+		}
+	}
 	w.mu.Unlock()
 	if !holds {
 		return
