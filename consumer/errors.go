@@ -21,6 +21,14 @@ var (
 	// not a positive decimal integer. It is a domain error.
 	ErrNoOutboxID = errors.New("no valid outbox-id header")
 
+	// ErrDuplicateHeader means a message carries the outbox-id or the
+	// outbox-origin header more than once. outboxd sets each once and
+	// refuses an event whose writer set one, so a second one is not
+	// outboxd's, and which of them is cannot be told: deduplicating on
+	// either could skip an event as a duplicate of another. It is a domain
+	// error.
+	ErrDuplicateHeader = errors.New("header occurs more than once")
+
 	// ErrDeadLetter matches a [*DeadLetterError].
 	ErrDeadLetter = errors.New("dead-letter publish failed")
 )

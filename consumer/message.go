@@ -75,13 +75,28 @@ func (m *Message) Header(key string) ([]byte, bool) {
 	return nil, false
 }
 
+// headerOnce returns the value of the header named key and how many times
+// the message carries it.
+func (m *Message) headerOnce(key string) (v []byte, n int) {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			if n == 0 {
+				v = h.Value
+			}
+			n++
+		}
+	}
+	return v, n
+}
+
 // String names the message as topic/partition@offset.
 func (m *Message) String() string {
 	return fmt.Sprintf("%s/%d@%d", m.Topic, m.Partition, m.Offset)
 }
 
 // newMessage copies a sarama record and parses its outbox id; err is a
-// domain error wrapping ErrNoOutboxID when the header is missing or invalid.
+// domain error wrapping ErrNoOutboxID when the header is missing or invalid,
+// ErrDuplicateHeader when it or the origin header occurs more than once.
 func newMessage(cm *sarama.ConsumerMessage) (*Message, error) {
 	m := &Message{
 		Topic:     cm.Topic,
@@ -99,13 +114,20 @@ func newMessage(cm *sarama.ConsumerMessage) (*Message, error) {
 			}
 		}
 	}
-	v, ok := m.Header(HeaderOutboxID)
-	if !ok {
+	v, n := m.headerOnce(HeaderOutboxID)
+	if n == 0 {
 		return m, Domain(fmt.Errorf("%w: the header is missing", ErrNoOutboxID))
 	}
-	if o, ok := m.Header(HeaderOrigin); ok {
-		m.Origin = string(o)
+	o, no := m.headerOnce(HeaderOrigin)
+	for _, d := range []struct {
+		name string
+		n    int
+	}{{HeaderOutboxID, n}, {HeaderOrigin, no}} {
+		if d.n > 1 {
+			return m, Domain(fmt.Errorf("%w: %s occurs %d times", ErrDuplicateHeader, d.name, d.n))
+		}
 	}
+	m.Origin = string(o)
 	text := bytes.TrimSpace(v)
 	if id, err := strconv.ParseInt(string(text), 10, 64); err == nil && id > 0 {
 		m.OutboxID, m.EventID = id, strconv.FormatInt(id, 10)

@@ -257,6 +257,30 @@ func TestNewMessageOutboxID(t *testing.T) {
 	}
 }
 
+// TestNewMessageDuplicateHeaderRefused: a record carrying outbox-id or
+// outbox-origin twice (a writer's copy beside outboxd's, from an outboxd
+// before it refused such events) is a domain error, whichever copy comes
+// first: deduplicating on either could skip an event as another's
+// duplicate.
+func TestNewMessageDuplicateHeaderRefused(t *testing.T) {
+	t.Parallel()
+	h := func(k, v string) *sarama.RecordHeader { return &sarama.RecordHeader{Key: []byte(k), Value: []byte(v)} }
+	for name, hs := range map[string][]*sarama.RecordHeader{
+		"origin, writer's first": {h(HeaderOutboxID, "7"), h(HeaderOrigin, "forged/1/1"), h(HeaderOrigin, "sys/db/1")},
+		"origin, writer's last":  {h(HeaderOutboxID, "7"), h(HeaderOrigin, "sys/db/1"), h(HeaderOrigin, "forged/1/1")},
+		"outbox-id twice":        {h(HeaderOutboxID, "7"), h("aggregate-id", "k"), h(HeaderOutboxID, "8")},
+	} {
+		m, err := newMessage(&sarama.ConsumerMessage{Headers: hs})
+		if !errors.Is(err, ErrDuplicateHeader) || !IsDomain(err) {
+			t.Errorf("%s: message %+v, err %v; want a domain ErrDuplicateHeader", name, m, err)
+		}
+	}
+	m, err := newMessage(&sarama.ConsumerMessage{Headers: []*sarama.RecordHeader{h(HeaderOutboxID, "7"), h("traceparent", "a"), h("traceparent", "b"), h(HeaderOrigin, "sys/db/1")}})
+	if err != nil || m.OutboxID != 7 || m.Origin != "sys/db/1" {
+		t.Errorf("each once (a writer's own header twice): id %d origin %q err %v, want 7 sys/db/1", m.OutboxID, m.Origin, err)
+	}
+}
+
 func TestBackoff(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig()

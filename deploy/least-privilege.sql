@@ -53,7 +53,7 @@ GRANT USAGE ON SCHEMA :"schema" TO :"role";
 -- Inserts only: outboxd publishes INSERTs; updates and deletes of outbox rows
 -- (cleanup jobs) are not decoded for it.
 CREATE PUBLICATION :"publication" FOR TABLE :"schema".:"table" WITH (publish = 'insert');
--- The key outbox_emit signs its messages with (migration 007), when
+-- The keys outbox_emit signs its messages with (migrations 007, 008), when
 -- installed: outboxd verifies each message with it and refuses to start
 -- without it. Nobody else should read it.
 SELECT format('GRANT SELECT ON %I.outbox_emit_key TO %I', :'schema', :'role')

@@ -122,7 +122,8 @@ type Header struct {
 
 // ReadCloudEvent reads the CloudEvents attributes of a record: structured
 // when content-type is application/cloudevents+json, binary when it has a
-// ce_specversion header. ok is false for a record that is neither.
+// ce_specversion header. ok is false for a record that is neither. A
+// record carrying content-type or a ce_* header twice is undecodable.
 func ReadCloudEvent(headers []Header, value []byte) (ev CloudEvent, ok bool, err error) {
 	get := func(k string) (string, bool) {
 		for _, h := range headers {
@@ -132,7 +133,26 @@ func ReadCloudEvent(headers []Header, value []byte) (ev CloudEvent, ok bool, err
 		}
 		return "", false
 	}
+	// outboxd sets each attribute header once and refuses an event whose
+	// writer set one: a second one is not outboxd's, and which is cannot
+	// be told.
+	dup := func() error {
+		for i, h := range headers {
+			if h.Key != "content-type" && !strings.HasPrefix(h.Key, HeaderPrefix) {
+				continue
+			}
+			for _, later := range headers[i+1:] {
+				if later.Key == h.Key {
+					return &undecodable{fmt.Errorf("CloudEvent: header %q occurs more than once", h.Key)}
+				}
+			}
+		}
+		return nil
+	}
 	if ct, _ := get("content-type"); strings.HasPrefix(ct, "application/cloudevents+json") {
+		if err := dup(); err != nil {
+			return ev, true, err
+		}
 		var s structuredEvent
 		if err := json.Unmarshal(value, &s); err != nil {
 			return ev, true, &undecodable{fmt.Errorf("structured CloudEvent: %w", err)}
@@ -147,6 +167,9 @@ func ReadCloudEvent(headers []Header, value []byte) (ev CloudEvent, ok bool, err
 	sv, ok := get("ce_specversion")
 	if !ok {
 		return ev, false, nil
+	}
+	if err := dup(); err != nil {
+		return ev, true, err
 	}
 	ev = CloudEvent{Mode: Binary, SpecVersion: sv, Data: value}
 	ev.ID, _ = get("ce_id")

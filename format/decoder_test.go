@@ -80,3 +80,16 @@ func FuzzDecode(f *testing.F) {
 		_, _, _ = ReadCloudEvent([]Header{{Key: "content-type", Value: []byte("application/cloudevents+json")}}, b)
 	})
 }
+
+// TestReadCloudEventDuplicateAttributeRefused: a record carrying an
+// attribute header twice (a writer's copy beside outboxd's, from an outboxd
+// before it refused such events) is undecodable, whichever copy is first.
+func TestReadCloudEventDuplicateAttributeRefused(t *testing.T) {
+	binary := []Header{{Key: "ce_specversion", Value: []byte("1.0")}, {Key: "ce_id", Value: []byte("forged")}, {Key: "ce_id", Value: []byte("42")}}
+	structured := []Header{{Key: "content-type", Value: []byte(contentTypeStructured)}, {Key: "content-type", Value: []byte("text/plain")}}
+	for name, hs := range map[string][]Header{"binary ce_id": binary, "structured content-type": structured} {
+		if _, ok, err := ReadCloudEvent(hs, []byte(`{"specversion":"1.0","id":"1"}`)); !ok || !errors.Is(err, ErrUndecodable) {
+			t.Errorf("%s: ok=%v err=%v, want an undecodable CloudEvent", name, ok, err)
+		}
+	}
+}

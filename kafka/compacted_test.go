@@ -135,12 +135,11 @@ func TestReadCompactedAfterTheCleanerRealBroker(t *testing.T) {
 	})
 	cfg := txnConfig(srv.Brokers, "tx-cp")
 	cfg.CheckpointReadTimeout = 30 * time.Second
-	var p *Producer
-	waitFor(t, func() bool { // a new broker's coordinator may still be loading
-		var err error
-		p, err = NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
-		return err == nil
-	})
+	awaitTxnCoordinator(t, srv.Brokers)
+	p, err := NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer func() {
 		p.Close()
 		for range p.Results() {

@@ -184,6 +184,10 @@ func (p *Producer) expireDue(rb *recBuf, now time.Time) time.Time {
 // delivery timeout that passed with no answer to decide it.
 func (p *Producer) undelivered(rb *recBuf) error {
 	switch {
+	case (rb.phase == partInFlight || rb.phase == partStopping) && rb.batch.via != nil && rb.lastErr != nil:
+		// A retry was still out: the answer to the attempt before it is
+		// what the operator needs to see (a leader that kept refusing).
+		return fmt.Errorf("%w from broker %s to the retry in flight, after the last attempt failed: %w", errNoAnswer, rb.batch.via.b.Addr(), rb.lastErr)
 	case (rb.phase == partInFlight || rb.phase == partStopping) && rb.batch.via != nil:
 		return fmt.Errorf("%w from broker %s to the produce request", errNoAnswer, rb.batch.via.b.Addr())
 	case rb.leader == nil && rb.lastErr != nil:

@@ -161,6 +161,7 @@ func TestKafkaTransactionalIDExpiredRealBroker(t *testing.T) {
 	})
 	k := &testenv.KafkaEnv{Brokers: srv.Brokers}
 	topic := k.Topic(t, "expire", 1)
+	awaitTxnCoordinator(t, srv.Brokers) // the 5 s bounds below are about the expiry
 	cfg := txnConfig(srv.Brokers, "tx-expire")
 	cfg.TransactionTimeout = 10 * time.Second
 	cfg.DeliveryTimeout = 5 * time.Second
@@ -328,4 +329,24 @@ func TestKafkaProducerPartitionsAddedUnderLoadRealBroker(t *testing.T) {
 		}
 	}
 	t.Logf("%d acknowledged, partitions 1→3 after %d; %d of 20 keys moved, each once, in id order", got, grownAt, movedKeys())
+}
+
+// awaitTxnCoordinator returns once a freshly started broker answers
+// InitProducerId. It creates and loads its transaction log on the first
+// transactional request and answers NOT_COORDINATOR meanwhile: on a loaded
+// machine for longer than the seconds the tests' own bounds allow (two
+// fresh-clone CI runs failed there after 5 s and 10 s). The wait is a
+// producer of its own whose init may take 50 s (under its transaction
+// timeout of a minute).
+func awaitTxnCoordinator(t *testing.T, brokers []string) {
+	t.Helper()
+	cfg := txnConfig(brokers, "tx-warm-up")
+	cfg.DeliveryTimeout = 50 * time.Second
+	p, err := NewProducer(cfg, zaptest.NewLogger(t), ProducerHooks{})
+	if err != nil {
+		t.Fatalf("the broker's transaction coordinator did not answer within %s: %v", cfg.DeliveryTimeout, err)
+	}
+	p.Close()
+	for range p.Results() {
+	}
 }

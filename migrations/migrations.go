@@ -1,7 +1,10 @@
 // Package migrations holds outboxd's own schema as numbered SQL files
 // embedded in the binary (the outbox table, 001_outbox.sql, and its headers
-// column, 005_outbox_headers.sql; the table-less outbox_emit, 006, and the
-// key it signs its messages with, 007_outbox_emit_key.sql), and
+// column, 005_outbox_headers.sql; the table-less outbox_emit, 006, the key
+// it signs its messages with, 007_outbox_emit_key.sql, its check of the
+// headers it is given, 008_outbox_emit_headers.sql, and the binding of each
+// message to its transaction and the key's rotation, 009_outbox_emit_xid.sql),
+// and
 // the small runner that applies them, [Apply]. Other owners run their own
 // numbered files with the same runner, [ApplyFS], each recording its versions
 // in a table of its own: the examples' tables (examples/internal/brew).

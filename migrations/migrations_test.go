@@ -227,7 +227,7 @@ func TestApplyOnDatabaseMigratedWithRetiredVersions(t *testing.T) {
 	pg.Exec(t, `CREATE TABLE processed_outbox_ids (outbox_id bigint PRIMARY KEY)`)
 	pg.Exec(t, `CREATE TABLE order_status (order_id bigint PRIMARY KEY)`)
 	applied, err := Apply(ctx, conn, nil)
-	if want := []string{"005_outbox_headers.sql", "006_outbox_emit.sql", "007_outbox_emit_key.sql"}; err != nil || !slices.Equal(applied, want) {
+	if want := []string{"005_outbox_headers.sql", "006_outbox_emit.sql", "007_outbox_emit_key.sql", "008_outbox_emit_headers.sql", "009_outbox_emit_xid.sql"}; err != nil || !slices.Equal(applied, want) {
 		t.Fatalf("Apply: applied %q, err %v; want only %q", applied, err, want)
 	}
 	var all bool

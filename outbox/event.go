@@ -17,6 +17,11 @@ type Event struct {
 	ID int64
 	// UUID is the text form of a uuid id column; empty for an integer id.
 	UUID string
+	// IDIsLSN says ID is the LSN of an outbox_emit message, not a row's
+	// id: it is unique too, but never an id of the table's sequence (the
+	// checkpoint's highest id, which a reset moves the sequence past,
+	// leaves it out).
+	IDIsLSN bool
 	// AggregateID becomes the Kafka record key.
 	AggregateID string
 	// Topic is the row's topic; empty when the column is absent or NULL.

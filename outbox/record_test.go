@@ -3,6 +3,10 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -90,5 +94,64 @@ func TestRecordNilPayloadIsNullValue(t *testing.T) {
 	r := NewRecord(&Event{ID: 1, AggregateID: "k", Topic: "t"}, &m, time.Now())
 	if r.Value != nil {
 		t.Fatalf("value %q, want nil (a tombstone)", r.Value)
+	}
+}
+
+func TestReservedHeaders(t *testing.T) {
+	for name, want := range map[string]bool{
+		"outbox-id": true, "aggregate-id": true, "event-type": true, "outbox-origin": true, "content-type": true,
+		"ce_id": true, "ce_anything": true, "dlq-error": true, "outboxd-error": true,
+		"traceparent": false, "Outbox-Id": false, "id": false, "ce": false, "-": false, "": false,
+	} {
+		if got := ReservedHeader(name); got != want {
+			t.Errorf("ReservedHeader(%q) = %v, want %v", name, got, want)
+		}
+	}
+	deb := DefaultMapping()
+	deb.IDHeader, deb.KeyHeader = "id", "-"
+	if got := deb.OwnHeaders(); len(got) != 1 || got[0] != "id" {
+		t.Errorf("OwnHeaders of id/-: %q, want [id]", got)
+	}
+	for _, tt := range []struct {
+		m    Mapping
+		hs   []Header
+		want string
+	}{
+		{DefaultMapping(), []Header{{Key: "traceparent"}, {Key: "outbox-origin"}}, "outbox-origin"},
+		{DefaultMapping(), []Header{{Key: "id"}, {Key: "-"}}, ""},
+		{deb, []Header{{Key: "-"}, {Key: "id"}}, "id"},
+		{deb, []Header{{Key: "aggregate-id"}}, "aggregate-id"},
+	} {
+		if got, _ := tt.m.ReservedIn(tt.hs); got != tt.want {
+			t.Errorf("ReservedIn(%v) with %s/%s = %q, want %q", tt.hs, tt.m.IDHeader, tt.m.KeyHeader, got, tt.want)
+		}
+	}
+}
+
+// TestReservedHeadersMatchOutboxEmit: outbox_emit (migration 008) refuses
+// exactly the names ReservedHeader reserves; the SQL holds its own copy of
+// the list, so a name added on one side only fails here.
+func TestReservedHeadersMatchOutboxEmit(t *testing.T) {
+	sql, err := os.ReadFile("../migrations/008_outbox_emit_headers.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := regexp.MustCompile(`m\.key IN \(([^)]*)\)`).FindSubmatch(sql)
+	if in == nil {
+		t.Fatal("no IN list of reserved names in migration 008")
+	}
+	var names []string
+	for _, q := range regexp.MustCompile(`'([^']*)'`).FindAllSubmatch(in[1], -1) {
+		names = append(names, string(q[1]))
+	}
+	var prefixes []string
+	for _, m := range regexp.MustCompile(`left\(m\.key, (\d+)\) = '([^']*)'`).FindAllSubmatch(sql, -1) {
+		if n, _ := strconv.Atoi(string(m[1])); n != len(m[2]) {
+			t.Errorf("left(m.key, %s) compared with %q of %d bytes", m[1], m[2], len(m[2]))
+		}
+		prefixes = append(prefixes, string(m[2]))
+	}
+	if !slices.Equal(names, reservedHeaders) || !slices.Equal(prefixes, reservedHeaderPrefixes) {
+		t.Fatalf("migration 008 reserves %q and prefixes %q; ReservedHeader %q and %q", names, prefixes, reservedHeaders, reservedHeaderPrefixes)
 	}
 }

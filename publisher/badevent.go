@@ -133,15 +133,19 @@ func badRecord(b replication.Begin, bad *replication.BadEvent) *kafka.Record {
 
 // unpublishable reports an event of transaction t that can never be
 // published as a bad event, with the event's fields as its columns: one
-// with no topic while no default topic is set, and, without a dead-letter
-// topic (with one, the producer's poison path diverts it), one over
-// MaxRecordBytes.
+// with no topic while no default topic is set, one whose own headers name
+// a header outboxd sets (the record would carry it twice), and, without a
+// dead-letter topic (with one, the producer's poison path diverts it), one
+// over MaxRecordBytes.
 func (p *Pipeline) unpublishable(t *txn, m *replication.Message) (replication.BadEvent, bool) {
 	ev := &m.Event
 	var reason string
+	name, reserved := p.cfg.Mapping.ReservedIn(ev.Headers)
 	switch {
 	case ev.Topic == "" && p.cfg.DefaultTopic == "":
 		reason = errNoTopic.Error()
+	case reserved:
+		reason = fmt.Sprintf("sets header %q, which outboxd sets itself", name)
 	case p.dlq == nil && p.cfg.MaxRecordBytes > 0 && p.mayBeOversized(ev):
 		r := outbox.NewRecord(ev, &p.cfg.Mapping, t.commitTime)
 		p.mode.prepare(r) // produce adds the origin header too: measure the record Kafka gets

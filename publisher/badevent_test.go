@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/halt"
 	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -201,5 +202,39 @@ func TestPipelineBadEventDeadLetteredWhenTheBudgetIsFull(t *testing.T) {
 	defer dlq.mu.Unlock()
 	if len(dlq.got) != 1 {
 		t.Fatalf("%d records dead-lettered, want 1", len(dlq.got))
+	}
+}
+
+// TestPipelineEventSettingAReservedHeaderIsBad: an event whose own headers
+// name one outboxd sets is a bad event, not a record carrying the name
+// twice, whichever source made it; an event with the writer's own headers
+// gets outboxd's headers once each.
+func TestPipelineEventSettingAReservedHeaderIsBad(t *testing.T) {
+	for _, name := range []string{outbox.HeaderOrigin, outbox.HeaderOutboxID, "ce_id"} {
+		h := startPipeline(t, DefaultConfig(), nil)
+		h.in <- begin()
+		m := event(1, "a", "t")
+		m.WALStart = 0x500
+		m.Event.Headers = []replication.Header{{Key: "traceparent", Value: "x"}, {Key: name, Value: "forged"}}
+		h.in <- m
+		if err := h.result(); !errors.Is(err, replication.ErrBadValue) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "--skip-bad-event 0/500") {
+			t.Fatalf("%s: Run() = %v, want a bad event naming the header and --skip-bad-event 0/500", name, err)
+		}
+	}
+	h := startPipeline(t, DefaultConfig(), nil)
+	h.in <- begin()
+	m := event(1, "a", "t")
+	m.Event.EventType = "T"
+	m.Event.Headers = []replication.Header{{Key: "traceparent", Value: "x"}, {Key: "Outbox-Id", Value: "other name"}}
+	h.in <- m
+	h.in <- commit(2000)
+	count := map[string]int{}
+	for _, hd := range h.next().Headers {
+		count[hd.Key]++
+	}
+	for _, k := range []string{outbox.HeaderOutboxID, outbox.HeaderAggregateID, outbox.HeaderEventType, "traceparent", "Outbox-Id"} {
+		if count[k] != 1 {
+			t.Errorf("header %s occurs %d times, want once: %v", k, count[k], count)
+		}
 	}
 }

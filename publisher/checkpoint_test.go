@@ -146,6 +146,37 @@ func TestAtLeastOnceConfirmsOnlyWhatIsCheckpointed(t *testing.T) {
 	waitUntil(t, "checkpointed", func() bool { return h.p.Gate().Confirmable(2000) == 2000 })
 }
 
+// Rule: the checkpoint's highest outbox id counts rows only. An
+// outbox_emit message's id is its LSN, far past any row id: counted, it
+// made "checkpoint reset" move the table's sequence past the LSN (or try
+// to, past an int4 sequence's maximum).
+func TestCheckpointMaxOutboxIDCountsRowsOnly(t *testing.T) {
+	for _, mode := range []string{AtLeastOnce, ExactlyOnce} {
+		t.Run(mode, func(t *testing.T) {
+			h := startCheckpointed(t, mode, &Checkpoint{SystemID: testID.SystemID, EndLSN: 1000, MaxOutboxID: 5})
+			msg := event(0x16DAA978, "a", "t")
+			msg.Event.IDIsLSN = true
+			h.in <- beginAt(1900)
+			h.in <- event(7, "a", "t")
+			h.in <- msg
+			h.in <- commit(2000)
+			h.prod.ack(h.next())
+			h.prod.ack(h.next())
+			if mode == AtLeastOnce {
+				waitUntil(t, "watermark", func() bool { return h.p.Confirmed() == 2000 })
+				h.p.Gate().Confirmable(2000) // the stream wants 2000 confirmed
+				h.in <- beginAt(2100)        // the next commit triggers the checkpoint write
+				h.in <- commit(2200)
+			}
+			r := h.next()
+			cp, err := ParseCheckpoint(r.Value)
+			if r.Topic != "cp" || err != nil || cp.MaxOutboxID != 7 {
+				t.Fatalf("checkpoint %s %s (%v), want max_outbox_id 7 (the row, not the message's LSN)", r.Topic, r.Value, err)
+			}
+		})
+	}
+}
+
 func TestCheckGap(t *testing.T) {
 	if err := checkGap(nil, testID, 5000, "cp"); err != nil {
 		t.Fatalf("no checkpoint (a first start): %v", err)

@@ -69,10 +69,11 @@ func (c *checkpointing) stamp(cp Checkpoint) Checkpoint {
 	return cp
 }
 
-// noteID remembers an event's id for MaxOutboxID.
-func (c *checkpointing) noteID(r *kafka.Record) {
-	if r.OutboxID > c.maxID.Load() {
-		c.maxID.Store(r.OutboxID)
+// noteID remembers an event's row id for MaxOutboxID (0: the event has
+// none, e.g. an outbox_emit message, whose id is its LSN).
+func (c *checkpointing) noteID(rowID int64) {
+	if rowID > c.maxID.Load() {
+		c.maxID.Store(rowID)
 	}
 }
 

@@ -37,8 +37,9 @@ type delivery interface {
 	// prepare adds what this mode puts on every event's record (the
 	// origin header).
 	prepare(r *kafka.Record)
-	// produced notes an event's record held for the producer.
-	produced(r *kafka.Record)
+	// produced notes an event's record held for the producer, and the
+	// event's row id (0: none, see outbox.Event.IDIsLSN).
+	produced(r *kafka.Record, rowID int64)
 	// acked is the success path of a record for the watermark.
 	acked(t *txn)
 	// committed runs after a Postgres transaction's Commit was read and

@@ -22,11 +22,11 @@ type checkpointed struct {
 	pending  pglogrepl.LSN // its position
 }
 
-func (d *checkpointed) skip(b replication.Begin) bool { return d.skipBefore(b, d.p.log) }
-func (d *checkpointed) produced(r *kafka.Record)      { d.noteID(r) }
-func (d *checkpointed) acked(t *txn)                  { d.p.wm.Ack(t) }
-func (d *checkpointed) interval() time.Duration       { return d.p.cfg.CheckpointInterval }
-func (d *checkpointed) abort() error                  { return nil }
+func (d *checkpointed) skip(b replication.Begin) bool         { return d.skipBefore(b, d.p.log) }
+func (d *checkpointed) produced(_ *kafka.Record, rowID int64) { d.noteID(rowID) }
+func (d *checkpointed) acked(t *txn)                          { d.p.wm.Ack(t) }
+func (d *checkpointed) interval() time.Duration               { return d.p.cfg.CheckpointInterval }
+func (d *checkpointed) abort() error                          { return nil }
 
 func (d *checkpointed) checkpointAcks() <-chan *kafka.Record { return d.acks }
 

@@ -37,8 +37,8 @@ func (d *transactional) checkpointAcks() <-chan *kafka.Record { return nil }
 func (d *transactional) checkpointAcked(*kafka.Record) error  { return nil }
 
 // produced opens the Kafka transaction.
-func (d *transactional) produced(r *kafka.Record) {
-	d.noteID(r)
+func (d *transactional) produced(_ *kafka.Record, rowID int64) {
+	d.noteID(rowID)
 	if !d.open {
 		d.open, d.since = true, time.Now()
 	}

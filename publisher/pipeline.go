@@ -309,7 +309,11 @@ func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) 
 	p.m.InFlightEvents.Inc()
 	p.m.InFlightBytes.Add(float64(size))
 	p.pending = append(p.pending, r)
-	p.mode.produced(r)
+	var rowID int64
+	if !m.Event.IDIsLSN {
+		rowID = m.Event.ID
+	}
+	p.mode.produced(r, rowID)
 	if len(p.pending) >= maxPending {
 		return nil, p.flush(ctx)
 	}

@@ -6,22 +6,26 @@ import (
 	"github.com/jackc/pglogrepl"
 )
 
-// BadEvent is an outbox row that cannot become a record: a NULL where a
-// value is required, an id that is not an integer, headers that are not an
-// object of strings, ... The stream hands it on (KindBad) instead of
+// BadEvent is an outbox row, or an authentic outbox_emit message, that
+// cannot become a record: a NULL where a value is required, an id that is
+// not an integer, a header that is not a string or is one outboxd sets
+// itself, ... The stream hands it on (KindBad) instead of
 // failing, so that the consumer decides: divert it to the dead-letter topic,
 // skip it when told to, or halt naming it.
 type BadEvent struct {
 	// LSN is the position of the row's change (XLogData.WALStart), unique
 	// per event: what --skip-bad-event names. Set by the stream.
 	LSN pglogrepl.LSN
-	// Table is the outbox table, schema-qualified.
+	// Table is the outbox table, schema-qualified; empty for a message.
 	Table string
-	// ID is the event id's text when it was read; empty otherwise.
+	// ID is the event id's text when it was read (a message's: its LSN as
+	// a decimal, the outbox-id it would have had); empty otherwise.
 	ID string
 	// Reason says what is wrong (the decode error's text).
 	Reason string
-	// Columns are the row's values as sent, in column order.
+	// Columns are the row's values as sent, in column order; a message's
+	// fields (topic, key, headers, payload), or its content when they do
+	// not parse.
 	Columns []ColumnText
 }
 

@@ -13,11 +13,13 @@ type Decoder struct {
 	cols          Columns
 	tmpl          *topicTemplate
 	hdrCols       []HeaderColumn
+	reservedHdrs  []string
 	messages      bool
 	nullPayload   bool
 	verifier      *messageVerifier
 	rels          map[uint32]*relation
 	inTxn         bool
+	xid           uint32 // of the transaction in hand (inTxn)
 	// row holds the value spans of the outbox row being decoded.
 	row      []span
 	topicBuf []byte
@@ -36,15 +38,16 @@ const (
 // NewDecoder returns a Decoder for the outbox table described by cfg.
 func NewDecoder(cfg DecoderConfig) *Decoder {
 	d := &Decoder{
-		schema:      or(cfg.Schema, "public"),
-		table:       or(cfg.Table, "outbox"),
-		cols:        cfg.columns(),
-		hdrCols:     cfg.HeaderColumns,
-		messages:    cfg.Messages,
-		nullPayload: cfg.NullPayload,
-		verifier:    newMessageVerifier(cfg.MessageKey),
-		rels:        make(map[uint32]*relation),
-		interned:    make(map[string]string),
+		schema:       or(cfg.Schema, "public"),
+		table:        or(cfg.Table, "outbox"),
+		cols:         cfg.columns(),
+		hdrCols:      cfg.HeaderColumns,
+		reservedHdrs: cfg.ReservedHeaders,
+		messages:     cfg.Messages,
+		nullPayload:  cfg.NullPayload,
+		verifier:     newMessageVerifier(cfg.MessageKey),
+		rels:         make(map[uint32]*relation),
+		interned:     make(map[string]string),
 	}
 	// An invalid template is reported by Validate; here it routes nothing.
 	d.tmpl, _ = parseTopicTemplate(cfg.TopicTemplate)
@@ -91,7 +94,7 @@ func (d *Decoder) decodeBegin(b []byte) (Message, error) {
 	if d.inTxn {
 		return Message{}, protoErr(b, 0, "begin inside a transaction")
 	}
-	d.inTxn = true
+	d.inTxn, d.xid = true, m.xid
 	return Message{Kind: KindBegin, Begin: Begin{FinalLSN: m.finalLSN, CommitTime: m.commitTime, Xid: m.xid}}, nil
 }
 

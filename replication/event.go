@@ -50,7 +50,8 @@ const (
 	// KindRejected is a message with outboxd's prefix that outbox_emit did
 	// not provably write (Message.Rejected): skipped, never published.
 	KindRejected
-	// KindBad is an outbox row that cannot become a record (Message.Bad).
+	// KindBad is an outbox row, or an authentic outbox_emit message, that
+	// cannot become a record (Message.Bad).
 	KindBad
 )
 

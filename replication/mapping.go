@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
+	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/slot"
 )
 
@@ -26,8 +28,10 @@ type Columns struct {
 	CreatedAt string
 	// EventType is an optional column placed in the event-type header.
 	EventType string
-	// Headers is an optional jsonb (or json) column whose object of string
-	// values becomes record headers, e.g. {"traceparent": "00-…"}.
+	// Headers is an optional jsonb (or json) column whose object becomes
+	// record headers, e.g. {"traceparent": "00-…"}: a string member is a
+	// header, a null one none; any other value, or a reserved name (see
+	// DecoderConfig.ReservedHeaders), makes the row a bad event.
 	Headers string
 }
 
@@ -61,7 +65,9 @@ type DecoderConfig struct {
 	// Messages decodes logical decoding messages of prefix MessagePrefix
 	// (written by outbox_emit) as events: the table-less outbox. Only those
 	// whose MAC verifies with MessageKey become events; the others are
-	// KindRejected. The stream asks pgoutput for them (PostgreSQL 14 or
+	// KindRejected. One that verifies but cannot be an event (its fields do
+	// not parse, its headers break the rule of Columns.Headers) is KindBad,
+	// as a bad row: outbox_emit wrote it in a transaction that committed. The stream asks pgoutput for them (PostgreSQL 14 or
 	// later) only when outbox_emit's key is installed, and fills in
 	// MessageKey when it starts; MessagesRequired makes a missing key an
 	// error instead (--source=messages).
@@ -76,6 +82,14 @@ type DecoderConfig struct {
 	// after the event-type header and before those of Columns.Headers. A
 	// NULL value sets no header.
 	HeaderColumns []HeaderColumn
+	// ReservedHeaders are header names the record mapping sets besides the
+	// ones outboxd always does (outbox.ReservedHeader): its renamed id and
+	// key headers (outbox.Mapping.OwnHeaders). An event whose own headers
+	// (the headers column, an outbox_emit headers object) name a reserved
+	// header, or a header column's, is a bad event: the record would carry
+	// the name twice, and a reader could take the writer's value for
+	// outboxd's.
+	ReservedHeaders []string
 }
 
 // HeaderColumn places the text of Column in the header named Header.
@@ -160,8 +174,11 @@ func (c DecoderConfig) Validate() error {
 		errs = append(errs, err)
 	}
 	for _, h := range c.HeaderColumns {
-		if h.Column == "" || h.Header == "" {
+		switch {
+		case h.Column == "" || h.Header == "":
 			errs = append(errs, fmt.Errorf("replication: header column %q=%q: both the column and the header name must be set (column=header)", h.Column, h.Header))
+		case outbox.ReservedHeader(h.Header) || slices.Contains(c.ReservedHeaders, h.Header):
+			errs = append(errs, fmt.Errorf("replication: header column %q=%q: header %q is one outboxd sets itself: choose another name", h.Column, h.Header, h.Header))
 		}
 	}
 	return errors.Join(errs...)
@@ -293,39 +310,91 @@ func (d *Decoder) renderTopic(b []byte, rel *relation) string {
 	return d.intern(buf, &d.lastTopic)
 }
 
-// appendJSONHeaders appends the members of v, a JSON object of string
-// values (or JSON null), to hs, in document order.
-func appendJSONHeaders(hs []Header, v []byte) ([]Header, bool) {
+// appendJSONHeaders appends the headers v, a JSON object (or JSON null:
+// none), asks for to hs, in document order; bad says why it cannot: the one
+// rule of both the headers column and outbox_emit's headers object. A
+// string member is a header. A null member is none: the natural meaning of
+// an optional header, as jsonb_build_object('traceparent', NULL::text)
+// writes it. Any other value (a number, a boolean, an object, an array) is
+// refused rather than sent as its JSON text, which would differ between a
+// json and a jsonb column and which no reader could tell from a string. A
+// name d reserves (reserved) is refused too.
+func (d *Decoder) appendJSONHeaders(hs []Header, v []byte) (out []Header, bad string) {
 	dec := json.NewDecoder(bytes.NewReader(v))
+	notObject := func() ([]Header, string) {
+		return hs, "is not a JSON object of string values: " + quote(v)
+	}
 	tok, err := dec.Token()
 	if err != nil {
-		return hs, false
+		return notObject()
 	}
 	if tok == nil {
-		_, err = dec.Token()
-		return hs, err == io.EOF
+		if _, err = dec.Token(); err != io.EOF {
+			return notObject()
+		}
+		return hs, ""
 	}
 	if tok != json.Delim('{') {
-		return hs, false
+		return notObject()
 	}
 	for dec.More() {
 		k, err := dec.Token()
 		if err != nil {
-			return hs, false
+			return notObject()
 		}
+		name := k.(string)
 		val, err := dec.Token()
 		if err != nil {
-			return hs, false
+			return notObject()
 		}
-		vs, ok := val.(string)
-		if !ok {
-			return hs, false
+		switch val := val.(type) {
+		case string:
+			if d.reserved(name) {
+				return hs, fmt.Sprintf("sets header %q, which outboxd sets itself: rename it", name)
+			}
+			hs = append(hs, Header{Key: name, Value: val})
+		case nil:
+			// No header; a reserved name with null sets nothing either.
+		default:
+			return hs, fmt.Sprintf("sets header %q to %s: a header value must be a JSON string (or null: no header)", name, jsonKind(val))
 		}
-		hs = append(hs, Header{Key: k.(string), Value: vs})
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
-		return hs, false
+		return notObject()
 	}
-	_, err = dec.Token()
-	return hs, err == io.EOF
+	if _, err = dec.Token(); err != io.EOF {
+		return notObject()
+	}
+	return hs, ""
+}
+
+// jsonKind names the JSON type of a json.Decoder token that is a value.
+func jsonKind(tok json.Token) string {
+	switch tok.(type) {
+	case bool:
+		return "a boolean"
+	case float64, json.Number:
+		return "a number"
+	case json.Delim:
+		if tok == json.Delim('[') {
+			return "an array"
+		}
+		return "an object"
+	}
+	return fmt.Sprintf("%T", tok)
+}
+
+// reserved reports whether an event's own headers must not name header:
+// outboxd's (outbox.ReservedHeader), the mapping's
+// (DecoderConfig.ReservedHeaders) and the header columns'.
+func (d *Decoder) reserved(header string) bool {
+	if outbox.ReservedHeader(header) || slices.Contains(d.reservedHdrs, header) {
+		return true
+	}
+	for _, h := range d.hdrCols {
+		if h.Header == header {
+			return true
+		}
+	}
+	return false
 }

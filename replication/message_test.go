@@ -7,27 +7,41 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 )
 
-// testKey is a MessageKey installed at LSN 0x1000.
-var testKey = &MessageKey{Key: bytes.Repeat([]byte{0xA5}, 32), InstalledLSN: 0x1000}
+// testKey is a MessageKey installed at LSN 0x1000, whose v3 outbox_emit was
+// installed at 0x3000, read by a session that started when the server's
+// next transaction id was 0x10.
+var testKey = &MessageKey{Key: bytes.Repeat([]byte{0xA5}, 32), Next: bytes.Repeat([]byte{0x5A}, 32),
+	InstalledLSN: 0x1000, V2Until: 0x3000, NextXid: 0x10}
+
+// testXid is the transaction the tests' messages are written in (begin(1)).
+const testXid = 1
 
 func fieldsOf(topic, key, headers, payload string) string {
 	return fmt.Sprintf("%d:%s%d:%s%d:%s%s", len(topic), topic, len(key), key, len(headers), headers, payload)
 }
 
-// emitContent is what outbox_emit (migration 007) writes for these
-// arguments with testKey.
+// emitContent is what outbox_emit (migration 008) writes for these
+// arguments with testKey in transaction testXid.
 func emitContent(topic, key, headers, payload string) []byte {
-	return signed(testKey.Key, fieldsOf(topic, key, headers, payload))
+	return signedV3(testKey.Key, testXid, fieldsOf(topic, key, headers, payload))
+}
+
+// signedV3 is format v3 content: the MAC of "v3:<xid>:"+fields under key.
+func signedV3(key []byte, xid uint64, fields string) []byte {
+	return signedAs("v3:", key, strconv.FormatUint(xid, 10)+":"+fields)
 }
 
 // signed is format v2 content: the MAC of "v2:"+fields under key.
-func signed(key []byte, fields string) []byte {
+func signed(key []byte, fields string) []byte { return signedAs("v2:", key, fields) }
+
+func signedAs(version string, key []byte, body string) []byte {
 	m := hmac.New(sha256.New, key)
-	m.Write([]byte("v2:" + fields))
-	return []byte("v2:" + hex.EncodeToString(m.Sum(nil)) + ":" + fields)
+	m.Write([]byte(version + body))
+	return []byte(version + hex.EncodeToString(m.Sum(nil)) + ":" + body)
 }
 
 // emitContentV1 is what outbox_emit of migration 006 wrote.
@@ -52,6 +66,9 @@ func TestDecodeOutboxMessages(t *testing.T) {
 	}
 	if s := diffEvent(msgs[1].Event, want); s != "" {
 		t.Error(s)
+	}
+	if !msgs[1].Event.IDIsLSN {
+		t.Error("a message's event does not say its id is an LSN: it would count as a row id")
 	}
 	if msgs[2].Kind != KindNone {
 		t.Errorf("message of another prefix: Kind %v, want none", msgs[2].Kind)
@@ -99,14 +116,15 @@ func TestDecodeOutboxMessageRejected(t *testing.T) {
 	}{
 		{"non-transactional", encodeMessage(false, 0x2010, MessagePrefix, emitContent("t", "k", "{}", "{}")), RejectNotTransactional},
 		{"garbage", encodeMessage(true, 0x2010, MessagePrefix, []byte("v1:garbage")), RejectUnauthenticated},
-		{"unknown version", encodeMessage(true, 0x2010, MessagePrefix, []byte("v3:1:t1:k2:{}{}")), RejectUnknownFormat},
+		{"unknown version", encodeMessage(true, 0x2010, MessagePrefix, []byte("v9:1:t1:k2:{}{}")), RejectUnknownFormat},
+		{"v3 without MAC", encodeMessage(true, 0x2010, MessagePrefix, []byte("v3:1:"+good)), RejectMalformed},
+		{"v3 MAC of another key", encodeMessage(true, 0x2010, MessagePrefix, signedV3(otherKey, testXid, good)), RejectBadMAC},
+		{"authentic, xid not a number", encodeMessage(true, 0x2010, MessagePrefix, signedAs("v3:", testKey.Key, "x:"+good)), RejectMalformed},
 		{"empty", encodeMessage(true, 0x2010, MessagePrefix, nil), RejectUnknownFormat},
 		{"v2 without MAC", encodeMessage(true, 0x2010, MessagePrefix, []byte("v2:"+good)), RejectMalformed},
-		{"MAC of another key", encodeMessage(true, 0x2010, MessagePrefix, forgedMAC), RejectBadMAC},
+		{"v2 MAC of another key", encodeMessage(true, 0x2010, MessagePrefix, forgedMAC), RejectBadMAC},
 		{"tampered payload", encodeMessage(true, 0x2010, MessagePrefix, tampered), RejectBadMAC},
-		{"upper-case MAC", encodeMessage(true, 0x2010, MessagePrefix, append([]byte("v2:"), bytes.ToUpper(emitContent("t", "k", "{}", "{}")[3:])...)), RejectBadMAC},
-		{"authentic, headers not an object", encodeMessage(true, 0x2010, MessagePrefix, emitContent("t", "k", "[1]", "{}")), RejectMalformed},
-		{"authentic, length past the end", encodeMessage(true, 0x2010, MessagePrefix, signed(testKey.Key, "99:t")), RejectMalformed},
+		{"upper-case MAC", encodeMessage(true, 0x2010, MessagePrefix, append([]byte("v3:"), bytes.ToUpper(emitContent("t", "k", "{}", "{}")[3:])...)), RejectBadMAC},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d := keyedDecoder()
@@ -139,17 +157,17 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Add(emitContent("orders", "k", `{"a": "b"}`, `{"n": 1}`), false)
 	f.Add([]byte("v1:0:0:2:{}"), true)
 	f.Add([]byte("v1:3:abc"), false)
-	f.Add([]byte("v2:0000000000000000000000000000000000000000000000000000000000000000:1:t1:k2:{}{}"), false)
+	f.Add([]byte("v3:0000000000000000000000000000000000000000000000000000000000000000:1:1:t1:k2:{}{}"), false)
 	f.Add([]byte("1:t1:k2:{}{}"), false)
 	f.Fuzz(func(t *testing.T, content []byte, sign bool) {
 		if sign {
 			// Fields the fuzzer chose, with a valid MAC: exercises the
 			// parser behind the verifier.
-			content = signed(testKey.Key, string(content))
+			content = signedV3(testKey.Key, testXid, string(content))
 		}
 		d := keyedDecoder()
-		decodeAll(t, d, begin(1))
-		const lsn = 0x2010 // above InstalledLSN: v1 is rejected
+		decodeAll(t, d, begin(testXid))
+		const lsn = 0x3010 // above InstalledLSN and V2Until: v1 and v2 are rejected
 		m, err := d.Decode(encodeMessage(true, lsn, MessagePrefix, content))
 		if err != nil {
 			t.Fatalf("content %q: error %v, want an event or a rejection", content, err)
@@ -160,19 +178,117 @@ func FuzzDecodeMessage(f *testing.F) {
 			}
 			return
 		}
+		if m.Kind == KindBad {
+			// Only authentic content that is not an event is bad.
+			if !sign || m.Bad.Reason == "" || m.Bad.ID != strconv.FormatUint(lsn, 10) {
+				t.Fatalf("content %q: bad event %+v", content, m.Bad)
+			}
+			return
+		}
 		if m.Kind != KindEvent {
 			t.Fatalf("Kind %v", m.Kind)
 		}
 		ev := m.Event
-		if !bytes.Equal(signed(testKey.Key, string(content[3+macHexLen+1:])), content) {
+		if !bytes.Equal(signedAs("v3:", testKey.Key, string(content[3+macHexLen+1:])), content) {
 			t.Fatalf("content %q became an event without a valid MAC", content)
 		}
 		// Lengths may have leading zeros; the fields come in order.
 		body := content[3+macHexLen+1:]
+		xid, body, _ := bytes.Cut(body, []byte(":"))
+		if n, err := strconv.ParseUint(string(xid), 10, 64); err != nil || uint32(n) != testXid {
+			t.Fatalf("content %q of transaction %q became an event in transaction %d", content, xid, testXid)
+		}
 		i := bytes.Index(body, []byte(ev.Topic))
 		j := bytes.Index(body[max(i, 0)+len(ev.Topic):], []byte(ev.AggregateID))
 		if ev.ID != lsn || i < 0 || j < 0 || !bytes.HasSuffix(content, ev.Payload) {
 			t.Fatalf("content %q decoded to %+v", content, ev)
 		}
 	})
+}
+
+// TestDecodeOutboxMessageReplayed: content outbox_emit signed in one
+// transaction is an event there and rejected as replayed in any other —
+// emitted again by someone who saw it, it carries the same MAC and xid.
+func TestDecodeOutboxMessageReplayed(t *testing.T) {
+	const written = 0x2a
+	content := signedV3(testKey.Key, written, fieldsOf("t", "k", "{}", `{"paid": 1}`))
+	d := keyedDecoder()
+	msgs := decodeAll(t, d,
+		begin(written), encodeMessage(true, 0x4000, MessagePrefix, content), commit(),
+		begin(written+1), encodeMessage(true, 0x5000, MessagePrefix, content), commit())
+	if msgs[1].Kind != KindEvent || string(msgs[1].Event.Payload) != `{"paid": 1}` {
+		t.Fatalf("in its own transaction: %v %+v, want the event", msgs[1].Kind, msgs[1].Rejected)
+	}
+	if m := msgs[4]; m.Kind != KindRejected || m.Rejected.Reason != RejectReplayed || m.Rejected.LSN != 0x5000 {
+		t.Fatalf("in another transaction: %v %+v, want rejected %s", m.Kind, m.Rejected, RejectReplayed)
+	}
+
+	// The full xid's low 32 bits are what pgoutput's Begin carries: the
+	// same 32 bits in a later epoch match, and only the epoch check tells
+	// a replay after wraparound from the original.
+	const epoch = 1 << 32
+	now := &MessageKey{Key: testKey.Key, V2Until: testKey.V2Until, NextXid: 3*epoch + 100}
+	d = NewDecoder(DecoderConfig{Messages: true, MessageKey: now})
+	f := fieldsOf("t", "k", "{}", "{}")
+	msgs = decodeAll(t, d, begin(written),
+		encodeMessage(true, 0x4000, MessagePrefix, signedV3(testKey.Key, 2*epoch+written, f)),
+		encodeMessage(true, 0x4100, MessagePrefix, signedV3(testKey.Key, 3*epoch+written, f)),
+		commit())
+	if m := msgs[1]; m.Kind != KindRejected || m.Rejected.Reason != RejectReplayed {
+		t.Errorf("an epoch before the server's: %v %+v, want rejected %s", m.Kind, m.Rejected, RejectReplayed)
+	}
+	if m := msgs[2]; m.Kind != KindEvent {
+		t.Errorf("the server's epoch: %v %+v, want the event", m.Kind, m.Rejected)
+	}
+	// Without the server's next xid, each verified message bounds the
+	// epochs after it.
+	unknown := &MessageKey{Key: testKey.Key, V2Until: testKey.V2Until}
+	d = NewDecoder(DecoderConfig{Messages: true, MessageKey: unknown})
+	msgs = decodeAll(t, d, begin(written),
+		encodeMessage(true, 0x4000, MessagePrefix, signedV3(testKey.Key, 5*epoch+written, f)),
+		encodeMessage(true, 0x4100, MessagePrefix, signedV3(testKey.Key, 4*epoch+written, f)),
+		commit())
+	if msgs[1].Kind != KindEvent || msgs[2].Kind != KindRejected || msgs[2].Rejected.Reason != RejectReplayed {
+		t.Errorf("after a verified message of epoch 5, one of epoch 4: %v, %v %+v; want event, rejected %s",
+			msgs[1].Kind, msgs[2].Kind, msgs[2].Rejected, RejectReplayed)
+	}
+}
+
+// TestDecodeOutboxMessageV2BeforeV3: v2 (MAC, no xid) is an event only
+// below the LSN where the v3 outbox_emit was installed, rejected at or
+// above it — whatever its MAC.
+func TestDecodeOutboxMessageV2BeforeV3(t *testing.T) {
+	d := keyedDecoder()
+	v2 := signed(testKey.Key, fieldsOf("t", "k", "{}", `{"old": 2}`))
+	msgs := decodeAll(t, d, begin(7),
+		encodeMessage(true, testKey.V2Until-1, MessagePrefix, v2),
+		encodeMessage(true, testKey.V2Until, MessagePrefix, v2),
+		commit())
+	if msgs[1].Kind != KindEvent || string(msgs[1].Event.Payload) != `{"old": 2}` {
+		t.Errorf("v2 before v3: %v %+v, want the event", msgs[1].Kind, msgs[1].Rejected)
+	}
+	if msgs[2].Kind != KindRejected || msgs[2].Rejected.Reason != RejectUnboundV2 {
+		t.Errorf("v2 after v3: %v %+v, want rejected %s", msgs[2].Kind, msgs[2].Rejected, RejectUnboundV2)
+	}
+}
+
+// TestDecodeOutboxMessageRotatedKeys: a session verifies with the key, the
+// one the next rotation promotes and the one the last retired; a key it
+// never read is a bad MAC.
+func TestDecodeOutboxMessageRotatedKeys(t *testing.T) {
+	prev := bytes.Repeat([]byte{0x11}, 32)
+	k := &MessageKey{Key: testKey.Key, Next: testKey.Next, Previous: prev, V2Until: testKey.V2Until}
+	d := NewDecoder(DecoderConfig{Messages: true, MessageKey: k})
+	f := fieldsOf("t", "k", "{}", "{}")
+	msgs := decodeAll(t, d, begin(testXid),
+		encodeMessage(true, 0x4000, MessagePrefix, signedV3(k.Key, testXid, f)),
+		encodeMessage(true, 0x4100, MessagePrefix, signedV3(k.Next, testXid, f)),
+		encodeMessage(true, 0x4200, MessagePrefix, signedV3(prev, testXid, f)),
+		encodeMessage(true, 0x4300, MessagePrefix, signedV3(bytes.Repeat([]byte{0x22}, 32), testXid, f)),
+		commit())
+	for i, want := range []Kind{KindEvent, KindEvent, KindEvent, KindRejected} {
+		if msgs[1+i].Kind != want {
+			t.Errorf("message %d: %v %+v, want %v", i, msgs[1+i].Kind, msgs[1+i].Rejected, want)
+		}
+	}
 }

@@ -170,9 +170,9 @@ func (d *Decoder) optionalColumns(b []byte, rel *relation, spans *[numRoles]span
 		}
 	}
 	if s := spans[roleHeaders]; s.kind == 't' {
-		v := b[s.start:s.end]
-		if ev.Headers, ok = appendJSONHeaders(ev.Headers, v); !ok {
-			return badValue(s, "is not a JSON object of string values: "+quote(v))
+		var bad string
+		if ev.Headers, bad = d.appendJSONHeaders(ev.Headers, b[s.start:s.end]); bad != "" {
+			return badValue(s, bad)
 		}
 	}
 	return nil

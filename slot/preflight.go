@@ -36,7 +36,7 @@ func Preflight(ctx context.Context, conn *pgx.Conn, cfg Config, requireTopic boo
 		return err
 	}
 	if cfg.Tableless {
-		if err := checkTableless(ctx, conn); err != nil {
+		if err := checkTableless(ctx, conn, cfg.Schema); err != nil {
 			return err
 		}
 	} else {
@@ -63,12 +63,14 @@ func Preflight(ctx context.Context, conn *pgx.Conn, cfg Config, requireTopic boo
 }
 
 // checkTableless checks what the table-less outbox needs: PostgreSQL 14 or
-// later (pgoutput's messages option) and the outbox_emit function.
-func checkTableless(ctx context.Context, conn *pgx.Conn) error {
+// later (pgoutput's messages option) and the outbox_emit function, in
+// schema (named, not looked up through search_path: the stream reads its
+// key from there).
+func checkTableless(ctx context.Context, conn *pgx.Conn, schema string) error {
 	var version int
 	var emit bool
 	err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int,
-       pg_catalog.to_regprocedure('outbox_emit(text,text,jsonb,jsonb)') IS NOT NULL`).Scan(&version, &emit)
+       pg_catalog.to_regprocedure(pg_catalog.format('%I.outbox_emit(text,text,jsonb,jsonb)', $1::text)) IS NOT NULL`, schema).Scan(&version, &emit)
 	if err != nil {
 		return fmt.Errorf("slot: read server_version_num and look up outbox_emit: %w", err)
 	}
@@ -79,7 +81,7 @@ func checkTableless(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if !emit {
 		return newError(ErrTablelessUnsupported,
-			"function outbox_emit(text, text, jsonb, jsonb) does not exist (or is not on the search_path): run \"outboxd migrate\"")
+			fmt.Sprintf("function %s.outbox_emit(text, text, jsonb, jsonb) does not exist: run \"outboxd migrate\" (it installs outbox_emit in its connection's current schema), or pass that schema as --schema", pgx.Identifier{schema}.Sanitize()))
 	}
 	return nil
 }

@@ -2,7 +2,9 @@ package slot
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -243,5 +245,24 @@ func TestPreflightSlotOfAnotherDatabase(t *testing.T) {
 	}
 	if err := Drop(ctx, otherConn, otherCfg, true); err != nil {
 		t.Fatalf("Drop from the slot's own database: %v", err)
+	}
+}
+
+// TestPreflightTablelessNamesTheSchema: outbox_emit is looked up in
+// cfg.Schema by name, so a session whose search_path misses that schema
+// still passes, and one of another schema fails with the schema named.
+func TestPreflightTablelessNamesTheSchema(t *testing.T) {
+	t.Parallel()
+	ctx := ctxT(t)
+	_, conn, cfg := newDB(t)
+	cfg.Tableless = true
+	mustExec(t, conn, `SET search_path = pg_catalog`)
+	if err := Preflight(ctx, conn, cfg, false); err != nil {
+		t.Fatalf("Preflight with public off the search_path: %v", err)
+	}
+	mustExec(t, conn, `CREATE SCHEMA other`)
+	cfg.Schema = "other"
+	if err := Preflight(ctx, conn, cfg, false); !errors.Is(err, ErrTablelessUnsupported) || !strings.Contains(err.Error(), `"other".outbox_emit`) {
+		t.Fatalf("Preflight for schema other: %v, want ErrTablelessUnsupported naming other.outbox_emit", err)
 	}
 }

@@ -71,6 +71,18 @@ func cmdMigrate(ctx context.Context, args []string) error {
 	if len(applied) == 0 {
 		fmt.Println("migrate: up to date")
 	}
+	// The migrations go into the connection's current schema; run reads
+	// outbox_emit's key from --schema by name. Said now, or run would not
+	// find it (and, under --source=cdc, read on without messages).
+	var current string
+	if err := conn.QueryRow(ctx, `SELECT coalesce(current_schema(), '')`).Scan(&current); err != nil {
+		return fmt.Errorf("read the current schema: %w", err)
+	}
+	if current != o.slot.Schema {
+		logger.Warn("outboxd's migrations are in another schema than --schema", zap.String("current_schema", current), zap.String("schema", o.slot.Schema))
+		fmt.Printf("migrate: warning: outbox_emit, its key and the outbox table are in schema %q (this connection's search_path), not --schema %q: pass --schema %q to outboxd run, or migrate with that search_path\n",
+			current, o.slot.Schema, current)
+	}
 	// outbox_emit's messages are authenticated either way; revoking also
 	// stops any role from writing WAL with outboxd's prefix at all.
 	left, err := slot.RevokePublicEmit(ctx, conn)
@@ -82,6 +94,33 @@ func cmdMigrate(ctx context.Context, args []string) error {
 		fmt.Println("migrate: warning:", w)
 	} else {
 		fmt.Println("migrate: PUBLIC cannot execute pg_logical_emit_message")
+	}
+	return nil
+}
+
+// cmdEmitKeyRotate is "outboxd emit-key rotate": SELECT
+// outbox_emit_rotate_key() in --schema, as the role that ran migrate (it
+// owns the key table; nobody else may rotate).
+func cmdEmitKeyRotate(ctx context.Context, args []string) error {
+	var o options
+	fs := newFlagSet("emit-key rotate", &o)
+	forget := fs.Bool("forget-old-keys", false, "replace all three keys (signing, staged and previous) at once, after they leaked; pause the writers, let outboxd drain and restart it around it: running sessions know none of the new keys")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	conn, err := adminConn(ctx, &o)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	fn := pgx.Identifier{o.slot.Schema, "outbox_emit_rotate_key"}.Sanitize()
+	if _, err := conn.Exec(ctx, `SELECT `+fn+`($1)`, *forget); err != nil {
+		return fmt.Errorf("emit-key rotate: %s: %w", fn, err)
+	}
+	if *forget {
+		fmt.Println("emit-key rotate: replaced every key; restart outboxd (its sessions know none of them)")
+	} else {
+		fmt.Println("emit-key rotate: the staged key signs now, the old one is kept as previous; restart outboxd before rotating again")
 	}
 	return nil
 }

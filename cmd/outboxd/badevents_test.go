@@ -21,7 +21,8 @@ type badKind struct{ name, insert, reason string }
 var badKinds = []badKind{
 	{"null payload", `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, NULL)`, `column "payload" is NULL`},
 	{"null key", `INSERT INTO outbox (aggregate_id, topic, payload) VALUES (NULL, $1, '{}')`, `column "aggregate_id" is NULL`},
-	{"headers not strings", `INSERT INTO outbox (aggregate_id, topic, payload, headers) VALUES ('k', $1, '{}', '{"n": 1}')`, "not a JSON object of string values"},
+	{"headers not strings", `INSERT INTO outbox (aggregate_id, topic, payload, headers) VALUES ('k', $1, '{}', '{"n": 1}')`, `sets header "n" to a number`},
+	{"reserved header", `INSERT INTO outbox (aggregate_id, topic, payload, headers) VALUES ('k', $1, '{}', '{"outbox-origin": "forged"}')`, `sets header "outbox-origin", which outboxd sets itself`},
 	{"no topic", `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', nullif($1, $1), '{"no": "topic"}')`, "no topic"},
 }
 

@@ -101,7 +101,10 @@ func slotIdentity(ctx context.Context, conn *pgx.Conn, h *replication.History, s
 }
 
 // moveSequence sets the outbox id column's sequence past maxID (never back)
-// and says what it did.
+// and says what it did. It never sets the sequence past what the sequence
+// or the column can hold: a checkpoint's highest id beyond that is no id of
+// this table (an outboxd before the row/message split counted outbox_emit
+// messages' LSNs as ids), so the sequence is left as it is, and said so.
 func moveSequence(ctx context.Context, conn *pgx.Conn, o *options, maxID int64) (string, error) {
 	col := o.decoder.Columns.ID
 	if col == "" {
@@ -118,11 +121,30 @@ func moveSequence(ctx context.Context, conn *pgx.Conn, o *options, maxID int64) 
 	case maxID <= 0:
 		return fmt.Sprintf("the checkpoint does not know the highest id published (written by an older outboxd): sequence %s NOT moved; set it past the highest outbox id your consumers have seen: SELECT setval('%s', <id>)", *seq, *seq), nil
 	}
+	// The most the id can be: the sequence's own maximum, and the column
+	// type's (an int4 column fed by a bigint sequence fails past 2^31-1).
+	var limit int64
+	var colType string
+	err := conn.QueryRow(ctx, `SELECT least(s.seqmax, CASE a.atttypid WHEN 'int2'::regtype THEN 32767 WHEN 'int4'::regtype THEN 2147483647 ELSE s.seqmax END),
+       pg_catalog.format_type(a.atttypid, a.atttypmod)
+FROM pg_catalog.pg_sequence s, pg_catalog.pg_attribute a
+WHERE s.seqrelid = $1::regclass AND a.attrelid = $2::regclass AND a.attname = $3`, *seq, table, col).Scan(&limit, &colType)
+	if err != nil {
+		return "", fmt.Errorf("read the maximum of sequence %s and column %s.%s: %w", *seq, table, col, err)
+	}
+	if maxID > limit {
+		return fmt.Sprintf("the checkpoint's highest id %d is past what %s.%s (%s, sequence %s) can hold, %d, so it is no id of this table (an older outboxd counted outbox_emit messages' LSNs as ids): sequence %s NOT moved; set it past the highest outbox id your consumers have seen: SELECT setval('%s', <id>)",
+			maxID, table, col, colType, *seq, limit, *seq, *seq), nil
+	}
 	var now int64
-	err := conn.QueryRow(ctx, `SELECT pg_catalog.setval($1::regclass, greatest($2::bigint, coalesce(pg_catalog.pg_sequence_last_value($1::regclass), 0)))`,
+	err = conn.QueryRow(ctx, `SELECT pg_catalog.setval($1::regclass, greatest($2::bigint, coalesce(pg_catalog.pg_sequence_last_value($1::regclass), 0)))`,
 		*seq, maxID).Scan(&now)
 	if err != nil {
 		return "", fmt.Errorf("move sequence %s past %d: %w", *seq, maxID, err)
+	}
+	if now >= limit {
+		return fmt.Sprintf("sequence %s moved past outbox id %d to its maximum %d: new rows fail until the id is widened (ALTER TABLE %s ALTER COLUMN %s TYPE bigint; ALTER SEQUENCE %s AS bigint)",
+			*seq, maxID, limit, table, pgx.Identifier{col}.Sanitize(), *seq), nil
 	}
 	return "sequence " + *seq + " moved past outbox id " + strconv.FormatInt(maxID, 10) + " (next id " + strconv.FormatInt(now+1, 10) + ")", nil
 }

@@ -76,6 +76,18 @@ func TestValidateRunRefusesWhatRunCannotDo(t *testing.T) {
 		{[]string{"--kafka-brokers", "kafka"}, `"kafka" is not host:port`},
 		{[]string{"--kafka-brokers", "kafka:99999"}, "port"},
 		{[]string{"--source", "pol"}, `--source "pol"`},
+		{[]string{"--slot-poll-interval", "0"}, "--slot-poll-interval 0s: must be > 0"},
+		{[]string{"--stall-timeout", "0"}, "--stall-timeout 0s: must be > 0"},
+		{[]string{"--kafka-linger", "-1s"}, "--kafka-linger -1s: must be ≥ 0"},
+		{[]string{"--schema-cache-ttl", "-1s"}, "--schema-cache-ttl -1s: must be ≥ 0"},
+		{[]string{"--checkpoint-topic", "bad topic!"}, "--checkpoint-topic: topic name \"bad topic!\""},
+		{[]string{"--dead-letter-topic", "bad topic!"}, "--dead-letter-topic: topic name"},
+		{[]string{"--default-topic", ".."}, "--default-topic: topic name \"..\""},
+		{[]string{"--default-topic", strings.Repeat("t", 250)}, "at most 249"},
+		{[]string{"--dead-letter-topic", "outboxd.checkpoints"}, "give it a topic of its own"},
+		{[]string{"--value-format", "avro", "--schema-registry-url", "registry:8081"}, "want http://host:port"},
+		{[]string{"--value-format", "avro", "--schema-registry-url", "ftp://u:secretpw@registry:8081"}, "want http://host:port"},
+		{[]string{"--value-format", "avro", "--schema-registry-url", "http://r:8081", "--schema-registry-ca-file", "/nonexistent/ca.pem"}, "--schema-registry-ca-file"},
 	} {
 		o, _, err := parseRun(t, nil, append(append([]string{}, base...), c.args...)...)
 		if err != nil {

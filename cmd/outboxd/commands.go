@@ -27,6 +27,9 @@ Usage:
                                  (restore, PITR, failover): move the outbox id sequence past
                                  the highest id published and start the checkpoint over
   outboxd prune --older-than D   delete outbox rows older than D once (run --retention does it on a schedule)
+  outboxd emit-key rotate [flags]
+                                 rotate the key outbox_emit signs with (outbox_emit_rotate_key());
+                                 --forget-old-keys: after it leaked
   outboxd config check [flags]   validate the run settings and print them, secrets redacted
   outboxd version                the version, commit and Go version of this binary
   outboxd completion bash|zsh    a shell completion script (source <(outboxd completion bash))
@@ -72,6 +75,11 @@ func dispatch(ctx context.Context, args []string) error {
 		return cmdReplay(ctx, rest)
 	case "prune":
 		return cmdPrune(ctx, rest)
+	case "emit-key":
+		if len(rest) == 0 || rest[0] != "rotate" {
+			return usageErrorf("emit-key needs a subcommand: rotate")
+		}
+		return cmdEmitKeyRotate(ctx, rest[1:])
 	case "checkpoint":
 		if len(rest) == 0 || rest[0] != "reset" {
 			return usageErrorf("checkpoint needs a subcommand: reset --to-current-history")
@@ -100,7 +108,7 @@ func dispatch(ctx context.Context, args []string) error {
 	return usageErrorf("unknown command %q%s (commands: %s)", cmd, didYouMean(cmd, commandNames...), strings.Join(commandNames, ", "))
 }
 
-var commandNames = []string{"run", "migrate", "slot", "status", "replay", "prune", "checkpoint", "config", "version", "help"}
+var commandNames = []string{"run", "migrate", "slot", "status", "replay", "prune", "emit-key", "checkpoint", "config", "version", "help"}
 
 const slotUsage = `Usage:
   outboxd slot create [flags]    create the publication and the replication slot

@@ -11,6 +11,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -199,5 +200,38 @@ func TestKafkaSecuritySettings(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "p-secret") {
 			t.Errorf("%v: error %v, want %q (and no secret)", c.args, err, c.want)
 		}
+	}
+}
+
+// TestShapeReservesTheMappingsHeaders: the decoder is told the mapping's
+// own id and key header names, so a row's headers cannot set a second
+// copy of Debezium's "id"; a --header-column may not take one either.
+func TestShapeReservesTheMappingsHeaders(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{nil, nil},
+		{[]string{"--format", "debezium"}, []string{"id"}},
+		{[]string{"--id-header", "event-id", "--key-header", "key"}, []string{"event-id", "key"}},
+	} {
+		o, _, err := parseRun(t, nil, tt.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := o.shape(); err != nil {
+			t.Fatalf("%q: %v", tt.args, err)
+		}
+		if !slices.Equal(o.decoder.ReservedHeaders, tt.want) {
+			t.Errorf("%q: decoder reserves %q, want %q", tt.args, o.decoder.ReservedHeaders, tt.want)
+		}
+	}
+	o, _, err := parseRun(t, nil, "--format", "debezium", "--header-column", "aggregateid=id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.shape(); err == nil || !strings.Contains(err.Error(), `header "id" is one outboxd sets itself`) {
+		t.Errorf("--header-column aggregateid=id under --format debezium: %v, want refused", err)
 	}
 }

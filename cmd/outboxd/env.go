@@ -17,7 +17,7 @@ var devEnvNames = map[string]bool{"OUTBOXD_PG_VERSION": true, "OUTBOXD_KAFKA_NOD
 // knownKeys plus --config).
 var commandOnlyKeys = []string{"json", "publication-too", "since", "from-id", "to-id", "resume",
 	"replay-batch", "older-than", "published-only", "max-lag-bytes", "max-retained-wal-bytes",
-	"allow-inactive", connectFlag, "to-current-history"}
+	"allow-inactive", connectFlag, "to-current-history", "forget-old-keys"}
 
 // knownEnv are the environment variables of every setting of every command.
 func knownEnv() map[string]bool {

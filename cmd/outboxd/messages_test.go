@@ -88,8 +88,9 @@ func (e *env) emitWriter(ctx context.Context, w, n int, l load) error {
 
 // TestRunTablelessOutbox: with --source=messages and no outbox table in
 // use, what outbox_emit writes in a committed transaction is published,
-// with its headers; a rolled-back transaction and a rolled-back savepoint
-// publish nothing.
+// with its headers (a null one is none: the event is published without it,
+// never skipped as a forgery); a rolled-back transaction and a rolled-back
+// savepoint publish nothing.
 func TestRunTablelessOutbox(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
@@ -139,15 +140,24 @@ func TestRunTablelessOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A trace header without a trace context at hand.
+	if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"n": 4}', jsonb_build_object('traceparent', NULL::text))`, e.topic); err != nil {
+		t.Fatal(err)
+	}
 	want := e.emittedRows()
-	got := consume(t, e.brokers, e.topic, map[int64]row{0: {}, 1: {}, 2: {}}, 60*time.Second)
+	got := consume(t, e.brokers, e.topic, map[int64]row{0: {}, 1: {}, 2: {}, 3: {}}, 60*time.Second)
 	d.stop()
-	if len(got) != 3 {
+	if len(got) != 4 {
 		var vs []string
 		for _, m := range got {
 			vs = append(vs, string(m.Value))
 		}
-		t.Fatalf("%d records %q, want the 3 committed events (n 1, 2, 3), nothing rolled back", len(got), vs)
+		t.Fatalf("%d records %q, want the 4 committed events (n 1, 2, 3, 4), nothing rolled back", len(got), vs)
+	}
+	for _, h := range got[3].Headers {
+		if string(h.Key) == "traceparent" {
+			t.Errorf("event with a null traceparent: headers %q, want none named traceparent", headerPairs(got[3]))
+		}
 	}
 	for i, m := range got {
 		if want := fmt.Sprintf(`{"n": %d}`, i+1); string(m.Value) != want || string(m.Key) != "order-1" {

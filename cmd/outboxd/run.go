@@ -62,6 +62,21 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 		return runPoll(ctx, o, kcfg, logger)
 	}
 
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(reg)
+	// The HTTP server before anything connects: a bad address fails here,
+	// having created nothing, and /healthz answers during the checks.
+	var httpSrv *httpServer
+	if o.metricsAddr != "" {
+		if httpSrv, err = listenHTTP(o.metricsAddr, startingMux(reg, o.pprof), logger); err != nil {
+			return err
+		}
+		// Shutdown is idempotent: this covers the returns before the
+		// group runs, which shuts the server down itself.
+		defer httpSrv.close()
+	}
+
 	// Kafka first: an unreachable broker must not leave a new slot behind
 	// (start.go says what fails fast).
 	if err := kafka.Check(ctx, kcfg, logger); err != nil {
@@ -72,9 +87,6 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	registerBuildInfo(reg)
 	metrics := outbox.NewMetrics(reg)
 	if o.pub.Encoder, err = o.formats.encoder(o, logger.Named("format"), reg); err != nil {
 		return err
@@ -102,9 +114,8 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 		return err
 	}
 	if o.metricsAddr != "" { // Metrics and health.
-		if err := addHTTPServer(&g, o.metricsAddr, healthMux(reg, svc, o.slot.Slot, o.stallTimeout, o.pprof), logger); err != nil {
-			return err
-		}
+		httpSrv.setHandler(healthMux(reg, svc, o.slot.Slot, o.stallTimeout, o.pprof))
+		httpSrv.add(&g)
 		// The slot poller: lag bytes and retained WAL for the metrics.
 		p := &slotPoller{dsn: o.pgDSN, cfg: o.slot, interval: o.slotPoll, m: metrics, log: logger.Named("slot-poller")}
 		pctx, cancel := context.WithCancel(ctx)

@@ -36,7 +36,7 @@ func addShapeFlags(fs *flag.FlagSet, s *shapeOptions) {
 	fs.StringVar(&s.topicTemplate, "topic-template", "", "route by a template instead of the topic column: {column} is replaced by the row's value, e.g. 'outbox.event.{aggregatetype}' [format: none / outbox.event.{aggregatetype}]")
 	fs.StringVar(&s.timestampColumn, "timestamp-column", "", "record timestamp column: timestamptz, timestamp or bigint epoch milliseconds; absent or NULL: the commit time (\"-\": none) [format: created_at / none]")
 	fs.StringVar(&s.eventTypeColumn, "event-type-column", "", "column sent in the event-type header (\"-\": none) [format: event_type / none]")
-	fs.StringVar(&s.headersColumn, "headers-column", "", "jsonb column whose object of string values becomes headers, e.g. traceparent (\"-\": none) [format: headers / none]")
+	fs.StringVar(&s.headersColumn, "headers-column", "", "jsonb column whose object becomes headers, e.g. traceparent: a string member is a header, a null one none, anything else or a name outboxd sets itself (outbox-id, outbox-origin, ce_*, ...) a bad event (\"-\": none) [format: headers / none]")
 	fs.Var(&s.headerColumns, "header-column", "COLUMN=HEADER: send a column's value in a header (repeatable), e.g. type=eventType")
 	fs.StringVar(&s.idHeader, "id-header", "", "header carrying the event id (\"-\": none) [format: outbox-id / id]")
 	fs.StringVar(&s.keyHeader, "key-header", "", "header carrying the key (\"-\": none) [format: aggregate-id / none]")
@@ -60,7 +60,10 @@ func (o *options) shape() error {
 	dec := replication.DecoderConfig{Schema: o.slot.Schema, Table: o.slot.Table, Columns: cols, TopicTemplate: tmpl, HeaderColumns: hcs,
 		Messages: o.poll.source == sourceCDC || o.poll.source == sourceMessages, MessagesRequired: o.poll.source == sourceMessages,
 		// Debezium's router sends a NULL payload as a null value.
-		NullPayload: s.format == formatDebezium}
+		NullPayload: s.format == formatDebezium,
+		// A row's own headers must not name the mapping's id and key
+		// headers: the record would carry them twice.
+		ReservedHeaders: m.OwnHeaders()}
 	switch o.poll.source {
 	case sourceCDC, sourcePoll, "":
 	case sourceMessages:

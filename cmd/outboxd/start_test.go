@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -94,4 +96,66 @@ func TestConfigCheckConnect(t *testing.T) {
 	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil || n != 0 {
 		t.Errorf("config check created the slot (%d, %v)", n, err)
 	}
+}
+
+// The metrics address is opened before anything connects: a busy one ends
+// run at once, having created no slot (a new slot would pin WAL with nobody
+// reading it); and /healthz answers while start-up still waits for Kafka, so
+// a liveness probe sees a live process, with /readyz saying "starting".
+func TestRunServesHealthBeforeItConnects(t *testing.T) {
+	t.Parallel()
+	t.Run("busy metrics address: exit, and no slot created", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		busy, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer busy.Close()
+		expectStartFailure(t, "--metrics-addr", "run", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
+			"--slot", e.slot, "--publication", e.slot, "--metrics-addr", busy.Addr().String())
+		var slots int
+		c := e.conn()
+		defer c.Close(context.Background())
+		if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&slots); err != nil {
+			t.Fatal(err)
+		}
+		if slots != 0 {
+			t.Errorf("the slot was created although --metrics-addr could not be opened")
+		}
+	})
+	t.Run("healthz while Kafka is unreachable", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t, 1)
+		addr := closedPort(t)
+		d := startDaemon(t, "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
+			"--slot", e.slot, "--publication", e.slot, "--metrics-addr", addr)
+		defer d.kill9()
+		get := func(path string) (int, string) {
+			resp, err := http.Get("http://" + addr + path)
+			if err != nil {
+				return 0, err.Error()
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(b)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			code, _ := get("/healthz")
+			if code == http.StatusOK {
+				break
+			}
+			if d.exited() || time.Now().After(deadline) {
+				t.Fatalf("/healthz did not answer while start-up waited for Kafka (exited: %v):\n%s", d.exited(), d.out.String())
+			}
+			time.Sleep(50 * time.Millisecond) // polling the address with a deadline
+		}
+		if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+			t.Errorf("/readyz during start-up: %d %q, want 503 saying starting", code, body)
+		}
+		if d.exited() {
+			t.Fatalf("outboxd exited while Kafka was unreachable for less than its start bound:\n%s", d.out.String())
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/url"
@@ -13,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/internal/testenv"
+	"github.com/outboxd/outboxd/replication"
 )
 
 // loginRole creates a role that can log in, with no grants at all unless
@@ -70,6 +72,7 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 		"v1:" + fields,
 		"v2:" + strings.Repeat("0", 64) + ":" + fields,
 		"v2:" + fields,
+		"v3:" + strings.Repeat("0", 64) + ":1:" + fields,
 		"v9:anything",
 	}
 	insert(1)
@@ -133,7 +136,7 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 		t.Fatalf("outboxd exited:\n%s", d.out.String())
 	}
 	var total float64
-	for _, r := range []string{"bad_mac", "malformed", "unauthenticated_v1", "unknown_format", "not_transactional"} {
+	for _, r := range []string{"bad_mac", "malformed", "unauthenticated_v1", "unbound_v2", "replayed", "unknown_format", "not_transactional"} {
 		total += scrape(t, base)[`outboxd_rejected_messages_total{reason="`+r+`"}`]
 	}
 	if total != float64(len(forged)+2) {
@@ -189,7 +192,7 @@ func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version = '007'`)
+	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version IN ('007', '008', '009')`)
 	e.exec(string(old))
 	d := startDaemon(t, e.args()...)
 	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `without its MAC key`) ||
@@ -221,4 +224,198 @@ func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 		t.Fatalf("records %q, want the v1 backlog and the signed event, not the v1 message after the upgrade", got)
 	}
 	d.stop()
+}
+
+// capture creates a pgoutput slot that sees what is written from now on,
+// as anyone reading WAL does (an archive, a base backup, a slot peek), and
+// returns a function giving the contents of the outboxd messages it holds.
+func (e *env) capture() func() [][]byte {
+	e.t.Helper()
+	name := testenv.UniqueName("capture")
+	e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name)
+	return func() [][]byte {
+		e.t.Helper()
+		c := e.conn()
+		defer c.Close(context.Background())
+		rows, err := c.Query(context.Background(), `SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+			'proto_version', '1', 'publication_names', $2, 'messages', 'true')`, name, e.slot)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		var out [][]byte
+		for rows.Next() {
+			var b []byte
+			if err := rows.Scan(&b); err != nil {
+				e.t.Fatal(err)
+			}
+			// 'M', flags, LSN, prefix\0, length, content.
+			if len(b) < 10 || b[0] != 'M' {
+				continue
+			}
+			prefix, rest, ok := bytes.Cut(b[10:], []byte{0})
+			if ok && string(prefix) == replication.MessagePrefix && len(rest) >= 4 {
+				out = append(out, bytes.Clone(rest[4:]))
+			}
+		}
+		if err := rows.Err(); err != nil {
+			e.t.Fatal(err)
+		}
+		return out
+	}
+}
+
+// TestRunReplayedMessageNotPublished: a role with no grants at all takes a
+// message outbox_emit signed (as anyone reading WAL sees it) and emits it
+// again in a transaction of its own. outboxd publishes the original once,
+// rejects the replay as "replayed" and goes on. With a MAC over the content
+// alone the replay was published a second time, under a new outbox-id.
+func TestRunReplayedMessageNotPublished(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	d, base := e.startWithMetrics()
+	d.waitLog("streaming", 60*time.Second)
+	captured := e.capture()
+	ctx := context.Background()
+	owner := e.conn()
+	defer owner.Close(ctx)
+	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 1}')`, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	msgs := captured()
+	if len(msgs) != 1 {
+		t.Fatalf("captured %q, want outbox_emit's one message", msgs)
+	}
+	ic, err := pgx.Connect(ctx, e.loginRole("nogrant"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ic.Close(ctx)
+	if _, err := ic.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::bytea)`, msgs[0]); err != nil {
+		t.Fatalf("the no-grant role could not emit (the test needs PUBLIC to hold EXECUTE): %v", err)
+	}
+	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 2}')`, e.topic); err != nil {
+		t.Fatal(err)
+	}
+	if got := values(t, e, e.topic, 2); strings.Join(got, " ") != `{"n": 1} {"n": 2}` {
+		t.Fatalf("records %q, want each event once and no replay", got)
+	}
+	if n := scrape(t, base)[`outboxd_rejected_messages_total{reason="replayed"}`]; n != 1 {
+		t.Errorf(`outboxd_rejected_messages_total{reason="replayed"} = %v, want 1`, n)
+	}
+	if d.exited() {
+		t.Fatalf("outboxd exited:\n%s", d.out.String())
+	}
+	d.stop()
+}
+
+// TestRunUpgradeFromReplayableMessages: a database at migration 007 (an
+// outbox_emit writing v2, MAC over the content only) stops outboxd with
+// the fix; after "outboxd migrate" the v2 backlog is published, the same
+// v2 content emitted again after the migration is not, and v3 events are.
+func TestRunUpgradeFromReplayableMessages(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	v2 := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	e.exec(`DROP TABLE outbox_emit_key; DROP FUNCTION outbox_emit_rotate_key(boolean); DROP FUNCTION outbox_emit_pad(bytea, integer);
+		DELETE FROM outboxd_schema_migrations WHERE version IN ('008', '009')`)
+	e.exec(v2("006_outbox_emit.sql"))
+	e.exec(v2("007_outbox_emit_key.sql"))
+	d := startDaemon(t, e.args()...)
+	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `can replay`) ||
+		!strings.Contains(d.out.String(), `run \"outboxd migrate\"`) {
+		t.Fatalf("outboxd on a database at 007 exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.out.String())
+	}
+	captured := e.capture()
+	ctx := context.Background()
+	c := e.conn()
+	defer c.Close(ctx)
+	emit := func(payload string) {
+		t.Helper()
+		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.topic, payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	emit(`{"backlog": 1}`) // the slot exists: the failed run created it
+	msgs := captured()
+	if len(msgs) != 1 || !bytes.HasPrefix(msgs[0], []byte("v2:")) {
+		t.Fatalf("captured %q, want one v2 message", msgs)
+	}
+	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
+	if code := m.wait(60 * time.Second); code != 0 {
+		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	}
+	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::bytea)`, msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	emit(`{"signed": 2}`)
+	d = e.start()
+	if got := values(t, e, e.topic, 2); strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
+		t.Fatalf("records %q, want the v2 backlog and the v3 event, not the v2 message replayed after the upgrade", got)
+	}
+	d.stop()
+}
+
+// TestMigrateWarnsWhenSchemaDiffers: migrate installs into its connection's
+// current schema and run reads outbox_emit's key from --schema by name, so
+// migrate says so when the two differ (run would not find the key) and is
+// quiet when they agree.
+func TestMigrateWarnsWhenSchemaDiffers(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	pg.Exec(t, `CREATE SCHEMA events`)
+	u, err := url.Parse(pg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", "events") // pgx sends it as a run-time parameter
+	u.RawQuery = q.Encode()
+	m := startDaemon(t, "migrate", "--pg-dsn", u.String())
+	if code := m.wait(60 * time.Second); code != 0 || !strings.Contains(m.out.String(), `not --schema "public": pass --schema "events"`) {
+		t.Fatalf("migrate into schema events, --schema public: exit %d, want the warning:\n%s", code, m.out.String())
+	}
+	m = startDaemon(t, "migrate", "--pg-dsn", u.String(), "--schema", "events")
+	if code := m.wait(60 * time.Second); code != 0 || strings.Contains(m.out.String(), "warning: outbox_emit") {
+		t.Fatalf("migrate into schema events, --schema events: exit %d, want no warning:\n%s", code, m.out.String())
+	}
+}
+
+// TestEmitKeyRotate: "outboxd emit-key rotate" promotes the staged key and
+// keeps the old one as previous; --forget-old-keys replaces all of them.
+func TestEmitKeyRotate(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	ctx := context.Background()
+	if m := startDaemon(t, "migrate", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
+		t.Fatalf("migrate:\n%s", m.out.String())
+	}
+	keys := func() (key, next, previous []byte) {
+		t.Helper()
+		if err := conn.QueryRow(ctx, `SELECT key, next_key, previous_key FROM outbox_emit_key`).Scan(&key, &next, &previous); err != nil {
+			t.Fatal(err)
+		}
+		return key, next, previous
+	}
+	k0, n0, _ := keys()
+	if m := startDaemon(t, "emit-key", "rotate", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
+		t.Fatalf("emit-key rotate:\n%s", m.out.String())
+	}
+	k1, n1, p1 := keys()
+	if !bytes.Equal(k1, n0) || !bytes.Equal(p1, k0) || bytes.Equal(n1, n0) {
+		t.Fatalf("after rotate: key %x (staged was %x), previous %x (key was %x), next %x", k1, n0, p1, k0, n1)
+	}
+	if m := startDaemon(t, "emit-key", "rotate", "--forget-old-keys", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
+		t.Fatalf("emit-key rotate --forget-old-keys:\n%s", m.out.String())
+	}
+	k2, n2, p2 := keys()
+	if bytes.Equal(k2, k1) || bytes.Equal(k2, n1) || bytes.Equal(n2, n1) || p2 != nil {
+		t.Fatalf("after --forget-old-keys: key %x, next %x, previous %x; want all new, no previous", k2, n2, p2)
+	}
 }

@@ -6,8 +6,10 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -148,5 +150,60 @@ func (o *options) validateCombinations() error {
 	if o.poll.source != sourcePoll && o.poll.interval <= 0 {
 		errs = append(errs, fmt.Errorf("--poll-interval %s: must be > 0", o.poll.interval))
 	}
+	errs = append(errs, o.validateSettings()...)
 	return errors.Join(errs...)
+}
+
+// validateSettings refuses values that cannot work, each named with the
+// flag and what it takes: a zero interval (a ticker panics on it), a
+// negative wait, a topic name Kafka refuses, two roles for one topic, a
+// registry address without an http(s) scheme, a file that is not there.
+func (o *options) validateSettings() []error {
+	var errs []error
+	positive := []struct {
+		flag string
+		d    time.Duration
+	}{{"--slot-poll-interval", o.slotPoll}, {"--stall-timeout", o.stallTimeout}}
+	for _, p := range positive {
+		if p.d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must be > 0", p.flag, p.d))
+		}
+	}
+	notNegative := []struct {
+		flag string
+		d    time.Duration
+	}{{"--kafka-linger", o.linger}, {"--schema-cache-ttl", o.formats.cfg.CacheTTL}}
+	for _, p := range notNegative {
+		if p.d < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must be ≥ 0", p.flag, p.d))
+		}
+	}
+	topics := []struct{ flag, name string }{
+		{"--checkpoint-topic", o.pub.CheckpointTopic}, {"--dead-letter-topic", o.pub.DeadLetterTopic}, {"--default-topic", o.pub.DefaultTopic},
+	}
+	for _, t := range topics {
+		if t.name == "" {
+			continue
+		}
+		if err := kafka.ValidateTopicName(t.name); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", t.flag, err))
+		}
+	}
+	if cp := o.pub.CheckpointTopic; cp != "" && (cp == o.pub.DeadLetterTopic || cp == o.pub.DefaultTopic) {
+		errs = append(errs, fmt.Errorf("--checkpoint-topic %q is also the dead-letter or default topic: the checkpoint topic holds only outboxd's checkpoints; give it a topic of its own", cp))
+	}
+	if u := strings.TrimSpace(o.formats.registryURL); u != "" {
+		for _, one := range strings.Split(u, ",") {
+			pu, err := url.Parse(strings.TrimSpace(one))
+			if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+				errs = append(errs, fmt.Errorf("--schema-registry-url %q: want http://host:port or https://host:port", redactURLs(one)))
+			}
+		}
+	}
+	if f := o.formats.registryCAFile; f != "" {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("--schema-registry-ca-file: %w", err))
+		}
+	}
+	return errs
 }
