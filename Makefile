@@ -61,23 +61,34 @@ lint:
 
 ## test: lint, then run every test against a fresh dev stack. The stack is taken
 ## down on every exit path (the EXIT trap), and make still fails when vet or a
-## test fails: bash exits with the failing command's status after the trap.
+## test fails: the recipe exits with the first failing group's status.
 ## The end-to-end tests mostly wait (on servers, on faults that last), so
-## more of them run at once than the machine has cores.
+## more of them run at once than the machine has cores, and the three groups
+## — outboxd's module, bench/'s, the PostgreSQL 17 core tests on a server of
+## their own — run side by side; the last two print their output when done.
 TEST_PARALLEL ?= 4
 test: deps lint
-	@set -euo pipefail; \
+	@set -uo pipefail; \
 	trap '$(STACK) down' EXIT; \
-	$(STACK) up; \
+	$(STACK) up || exit 1; \
 	set -a; source ./.devstack.env; set +a; \
+	began=$$SECONDS; \
+	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick) > .cache/test-bench.log"; \
+	$(GO) test -C bench -race -count=1 -timeout 15m ./... > .cache/test-bench.log 2>&1 & bench=$$!; \
+	echo "make e2e-pg17 > .cache/test-pg17.log"; \
+	$(MAKE) --no-print-directory e2e-pg17 > .cache/test-pg17.log 2>&1 & pg17=$$!; \
 	echo "go test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m ./... (timings: make test-times)"; \
 	: > .cache/test-cpu.txt; \
 	CPUTIME_FILE=$$PWD/.cache/test-cpu.txt $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m \
 		-json -exec $$PWD/dev/cputime ./... 2>&1 | $(GO) run ./dev/testtimes -echo -save .cache/test-times.json; \
+	main=$$?; \
+	echo "outboxd's module: exit $$main after $$((SECONDS - began)) s"; \
 	$(MAKE) --no-print-directory test-times; \
-	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick)"; \
-	$(GO) test -C bench -race -count=1 -timeout 15m ./...; \
-	$(MAKE) --no-print-directory e2e-pg17
+	wait $$bench; benchrc=$$?; cat .cache/test-bench.log; \
+	echo "bench/: exit $$benchrc after $$((SECONDS - began)) s"; \
+	wait $$pg17; pg17rc=$$?; cat .cache/test-pg17.log; \
+	echo "PostgreSQL 17 core tests: exit $$pg17rc after $$((SECONDS - began)) s"; \
+	for rc in $$main $$benchrc $$pg17rc; do [ "$$rc" = 0 ] || exit "$$rc"; done
 
 ## test-times: where the last make test's time went — the slowest packages
 ## (wall and CPU) and tests, from its go test -json output

@@ -23,6 +23,7 @@ import (
 
 // event is one line of `go test -json` (cmd/test2json).
 type event struct {
+	Time    time.Time
 	Action  string
 	Package string
 	Test    string
@@ -34,6 +35,9 @@ type timing struct {
 	name    string
 	elapsed time.Duration
 	failed  bool
+	// start and end are the package's first and last events, from the
+	// run's first event: where it sat on the critical path.
+	start, end time.Duration
 }
 
 func main() {
@@ -70,6 +74,8 @@ func main() {
 func read(r io.Reader, echo io.Writer) (pkgs, tests []timing, err error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	var first time.Time
+	started := map[string]time.Duration{}
 	for sc.Scan() {
 		var e event
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
@@ -81,6 +87,12 @@ func read(r io.Reader, echo io.Writer) (pkgs, tests []timing, err error) {
 		if echo != nil && e.Output != "" {
 			io.WriteString(echo, e.Output)
 		}
+		if first.IsZero() && !e.Time.IsZero() {
+			first = e.Time
+		}
+		if _, ok := started[e.Package]; !ok && !e.Time.IsZero() {
+			started[e.Package] = e.Time.Sub(first)
+		}
 		if e.Action != "pass" && e.Action != "fail" {
 			continue
 		}
@@ -88,6 +100,10 @@ func read(r io.Reader, echo io.Writer) (pkgs, tests []timing, err error) {
 		switch {
 		case e.Test == "":
 			t.name = e.Package
+			t.start = started[e.Package]
+			if !e.Time.IsZero() {
+				t.end = e.Time.Sub(first)
+			}
 			pkgs = append(pkgs, t)
 		case !strings.Contains(e.Test, "/"):
 			t.name = shortPkg(e.Package) + "." + e.Test
@@ -133,7 +149,7 @@ func print(w io.Writer, pkgs, tests []timing, cpu map[string]float64, top int) {
 	for _, p := range pkgs {
 		total += p.elapsed
 	}
-	fmt.Fprintf(w, "packages (%d, wall summed %s):\n", len(pkgs), total.Round(time.Second))
+	fmt.Fprintf(w, "packages (%d, wall summed %s; (+start → +end) from the run's first event):\n", len(pkgs), total.Round(time.Second))
 	for _, p := range pkgs {
 		c := ""
 		// cputime names the test binary (pkg.test): match it by its base.
@@ -141,13 +157,20 @@ func print(w io.Writer, pkgs, tests []timing, cpu map[string]float64, top int) {
 		if s, ok := cpu[base]; ok {
 			c = fmt.Sprintf("  cpu %7.1fs", s)
 		}
-		fmt.Fprintf(w, "  %8s%s  %s%s\n", p.elapsed.Round(100*time.Millisecond), c, shortPkg(p.name), mark(p.failed))
+		fmt.Fprintf(w, "  %8s%s  (+%s → +%s)  %s%s\n", p.elapsed.Round(100*time.Millisecond), c,
+			clock(p.start), clock(p.end), shortPkg(p.name), mark(p.failed))
 	}
 	n := min(top, len(tests))
 	fmt.Fprintf(w, "slowest %d of %d top-level tests (wall; parallel tests overlap):\n", n, len(tests))
 	for _, t := range tests[:n] {
 		fmt.Fprintf(w, "  %8s  %s%s\n", t.elapsed.Round(100*time.Millisecond), t.name, mark(t.failed))
 	}
+}
+
+// clock is d as minutes:seconds since the run's first event.
+func clock(d time.Duration) string {
+	d = d.Round(time.Second)
+	return fmt.Sprintf("%d:%02d", int(d.Minutes()), int(d.Seconds())%60)
 }
 
 func mark(failed bool) string {
