@@ -35,6 +35,15 @@ unit:
 	env -u CI $(GO) test -short -count=1 ./...
 	env -u CI $(GO) test -C bench -short -count=1 ./...
 
+## sim: the whole-pipeline simulation (internal/sim) over SEEDS seeds from
+## SIM_FIRST, without -race and without a stack; make test runs its small
+## fixed set (TestSim). A failing seed prints the command that replays it.
+SEEDS ?= 50
+SIM_FIRST ?= 1000
+.PHONY: sim
+sim:
+	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./internal/sim -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST)
+
 ## lint: go vet and staticcheck (pinned, run through the module proxy) of
 ## both modules (outboxd's and bench/'s), shellcheck of the shell scripts,
 ## and deploy/ checked by promtool and kubernetes-validate (dev/stack

@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pglogrepl"
+)
+
+// maxListed bounds the examples one violation lists.
+const maxListed = 8
+
+// check holds the records a read_committed reader saw against the WAL and
+// the slot's confirmed position:
+//
+//  1. nothing confirmed that is not in Kafka: every event of a transaction
+//     ending at or below the confirmed position is there;
+//  2. every event delivered; exactly-once: every event exactly once, and no
+//     torn transaction (each row of a PostgreSQL transaction seen as often
+//     as the others);
+//  3. per key, the first deliveries follow commit order.
+//
+// Records carry the event's payload, checked too: a record is the event
+// it claims to be.
+func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool) []string {
+	var v []string
+	type rowAt struct {
+		txn *Txn
+		row Row
+	}
+	rows := map[int64]rowAt{}
+	for _, t := range txns {
+		for _, r := range t.Rows {
+			rows[r.ID] = rowAt{t, r}
+		}
+	}
+	seen := map[int64]int{}
+	var bad []string
+	for _, rec := range recs {
+		ra, ok := rows[rec.id]
+		switch {
+		case !ok:
+			bad = append(bad, fmt.Sprintf("p%d@%d: outbox-id %d is no event of the WAL", rec.partition, rec.offset, rec.id))
+			continue
+		case rec.key != ra.row.Key || rec.value != ra.row.Payload:
+			bad = append(bad, fmt.Sprintf("p%d@%d: event %d with key %q and a %d-byte value, want key %q and its %d-byte payload",
+				rec.partition, rec.offset, rec.id, rec.key, len(rec.value), ra.row.Key, len(ra.row.Payload)))
+		}
+		seen[rec.id]++
+	}
+	if len(bad) > 0 {
+		v = append(v, "records not of the WAL: "+list(bad))
+	}
+
+	// 1. Confirmed ⊆ Kafka.
+	var lost []string
+	for _, t := range txns {
+		if t.End > confirmed {
+			continue
+		}
+		for _, r := range t.Rows {
+			if seen[r.ID] == 0 {
+				lost = append(lost, fmt.Sprintf("event %d (txn %d, end %s)", r.ID, t.Index, t.End))
+			}
+		}
+	}
+	if len(lost) > 0 {
+		v = append(v, fmt.Sprintf("confirmed but not in Kafka (slot at %s): %s", confirmed, list(lost)))
+	}
+
+	// 2. Delivery.
+	var missing, dups, torn []string
+	for _, t := range txns {
+		counts := map[int]bool{}
+		for _, r := range t.Rows {
+			n := seen[r.ID]
+			counts[n] = true
+			switch {
+			case n == 0:
+				missing = append(missing, fmt.Sprint(r.ID))
+			case n > 1 && exactlyOnce:
+				dups = append(dups, fmt.Sprintf("%d ×%d", r.ID, n))
+			}
+		}
+		if exactlyOnce && len(counts) > 1 {
+			var c []string
+			for _, r := range t.Rows {
+				c = append(c, fmt.Sprintf("%d×%d", r.ID, seen[r.ID]))
+			}
+			torn = append(torn, fmt.Sprintf("txn %d (%s)", t.Index, strings.Join(c, " ")))
+		}
+	}
+	if len(missing) > 0 {
+		v = append(v, fmt.Sprintf("%d events never delivered: %s", len(missing), list(missing)))
+	}
+	if len(dups) > 0 {
+		v = append(v, fmt.Sprintf("exactly-once: %d events delivered more than once: %s", len(dups), list(dups)))
+	}
+	if len(torn) > 0 {
+		v = append(v, fmt.Sprintf("exactly-once: %d torn PostgreSQL transactions (rows seen unequally often): %s", len(torn), list(torn)))
+	}
+
+	// 3. Per-key order of first deliveries. A key lives in one partition,
+	// so its records in offset order are the order a consumer sees.
+	sorted := slices.Clone(recs)
+	slices.SortFunc(sorted, func(a, b record) int {
+		return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
+	})
+	first := map[int64]bool{}
+	last := map[string]int64{}
+	var order []string
+	for _, rec := range sorted {
+		if _, ok := rows[rec.id]; !ok || first[rec.id] {
+			continue
+		}
+		first[rec.id] = true
+		if prev, ok := last[rec.key]; ok && rec.id < prev {
+			order = append(order, fmt.Sprintf("key %s: event %d first delivered after %d (p%d@%d)", rec.key, rec.id, prev, rec.partition, rec.offset))
+		}
+		last[rec.key] = max(last[rec.key], rec.id)
+	}
+	if len(order) > 0 {
+		v = append(v, "per-key order: "+list(order))
+	}
+	return v
+}
+
+func list(items []string) string {
+	if len(items) > maxListed {
+		return strings.Join(items[:maxListed], "; ") + fmt.Sprintf("; … (%d more)", len(items)-maxListed)
+	}
+	return strings.Join(items, "; ")
+}

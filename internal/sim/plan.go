@@ -1,0 +1,233 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxd/outboxd/publisher"
+)
+
+// Topic is the event topic of the simulated outbox.
+const Topic = "orders"
+
+// Sizes bound a run's workload and fault schedule.
+type Sizes struct {
+	Txns        int // PostgreSQL transactions
+	MaxRows     int // rows per transaction: 1..MaxRows
+	Keys        int // aggregates: few, so that per-key order is tested
+	Bursts      int // the transactions are committed in this many bursts
+	ConnFaults  int // replication connections scripted with a fault
+	KafkaFaults int // broker faults, each installed at a burst
+	// MoreKafkaFaults are broker faults of further kinds (drawn after all
+	// the others, so that adding them left what a seed drew before as it
+	// was): set-up requests, the checkpoint read, connections cut.
+	MoreKafkaFaults int
+	Partitions      int32 // partitions of Topic
+}
+
+// DefaultSizes are TestSim's: a run takes a few seconds with -race.
+func DefaultSizes() Sizes {
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3}
+}
+
+// Plan is what one seed decides: the workload and the fault schedule.
+type Plan struct {
+	Seed   uint64
+	Sizes  Sizes
+	Txns   [][]Row         // rows of each transaction, in commit order
+	Rel    []bool          // the transaction describes the table again
+	Idle   []int           // idle WAL (other tables) after each transaction
+	Bursts []int           // index of the first transaction of each burst
+	Pause  []time.Duration // pause after each burst
+	// Conn is the fault of each connection, in accept order; connections
+	// past the end have none.
+	Conn  []ConnFault
+	Kafka []KafkaFault
+}
+
+// KafkaFault is a broker fault installed when burst At starts.
+type KafkaFault struct {
+	At    int
+	Key   kmsg.Key
+	Err   *kerr.Error   // nil: a slow answer instead
+	Count int           // requests it answers
+	Delay time.Duration // a slow answer's delay
+	// Cut closes the client's connection instead of answering (the request
+	// is not applied): Count requests.
+	Cut bool
+}
+
+func (f KafkaFault) String() string {
+	if f.Cut {
+		return fmt.Sprintf("burst %d: the broker cuts the connection of %d %s requests", f.At, f.Count, f.Key.Name())
+	}
+	if f.Err == nil {
+		return fmt.Sprintf("burst %d: the broker pauses %s before answering a %s", f.At, f.Delay, f.Key.Name())
+	}
+	return fmt.Sprintf("burst %d: %s fails %d× with %s", f.At, f.Key.Name(), f.Count, f.Err.Message)
+}
+
+// Delivery is the delivery mode a seed runs in: its parity picks it, so
+// that a seed alone names a run.
+func Delivery(seed uint64) string {
+	if seed%2 == 1 {
+		return publisher.ExactlyOnce
+	}
+	return publisher.AtLeastOnce
+}
+
+// NewPlan draws a run's workload and fault schedule from one seed
+// (math/rand/v2's PCG). Broker faults of the transaction protocol are
+// drawn only for exactly-once runs, which send those requests.
+func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
+	txnal := delivery == publisher.ExactlyOnce
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	p := &Plan{Seed: seed, Sizes: sz}
+	id := int64(1)
+	for range sz.Txns {
+		n := 1 + r.IntN(sz.MaxRows)
+		rows := make([]Row, n)
+		for j := range rows {
+			size := 8 + r.IntN(400)
+			if r.IntN(20) == 0 {
+				size = 4000 + r.IntN(30000)
+			}
+			rows[j] = Row{ID: id, Key: fmt.Sprintf("agg-%d", r.IntN(sz.Keys)), Topic: Topic,
+				Payload: fmt.Sprintf(`{"id": %d, "pad": "%s"}`, id, strings.Repeat("x", size))}
+			id++
+		}
+		p.Txns = append(p.Txns, rows)
+		p.Rel = append(p.Rel, r.IntN(10) == 0)
+		idle := 0
+		if r.IntN(3) == 0 {
+			idle = 0x100 * (1 + r.IntN(32))
+		}
+		p.Idle = append(p.Idle, idle)
+	}
+	// Burst boundaries: sorted distinct starts, the first at 0.
+	starts := map[int]bool{0: true}
+	for len(starts) < min(sz.Bursts, sz.Txns) {
+		starts[r.IntN(sz.Txns)] = true
+	}
+	for i := range sz.Txns {
+		if starts[i] {
+			p.Bursts = append(p.Bursts, i)
+			p.Pause = append(p.Pause, time.Duration(r.IntN(60))*time.Millisecond)
+		}
+	}
+	// Messages a session is sent: a fault point is drawn below that, so
+	// most faults fire inside the stream rather than after its end.
+	span := sz.Txns * (3 + sz.MaxRows) / 3
+	for range sz.ConnFaults {
+		var f ConnFault
+		switch k := r.IntN(20); {
+		case k < 10:
+			f = ConnFault{Kind: FaultDrop, After: r.IntN(span), Hard: r.IntN(3) == 0}
+		case k < 16:
+			f = ConnFault{Kind: FaultSetup, Stage: Stage(r.IntN(int(numStages)))}
+		case k < 17:
+			f = ConnFault{Kind: FaultStall, After: r.IntN(span)}
+		case k < 18:
+			f = ConnFault{Kind: FaultSetupStall, Stage: Stage(r.IntN(int(StageCopyBoth)))}
+		default:
+			// a connection spared: faults are not back to back
+		}
+		f.HoldSlot = f.Kind != FaultNone && r.IntN(5) == 0
+		p.Conn = append(p.Conn, f)
+	}
+	for range sz.KafkaFaults {
+		f := KafkaFault{At: r.IntN(len(p.Bursts)), Count: 1 + r.IntN(3)}
+		k := r.IntN(10)
+		if !txnal && (k >= 3 && k < 7 || k == 9) {
+			k = []int{0, 1, 2, 7, 8}[r.IntN(5)]
+		}
+		switch {
+		case k < 3:
+			f.Key = kmsg.Produce
+			f.Err = []*kerr.Error{kerr.NotLeaderForPartition, kerr.RequestTimedOut, kerr.NotEnoughReplicas}[r.IntN(3)]
+		case k < 5:
+			f.Key = kmsg.EndTxn
+			f.Err = []*kerr.Error{kerr.CoordinatorNotAvailable, kerr.NotCoordinator, kerr.ConcurrentTransactions}[r.IntN(3)]
+		case k < 7:
+			f.Key = kmsg.AddPartitionsToTxn
+			f.Err = []*kerr.Error{kerr.ConcurrentTransactions, kerr.CoordinatorLoadInProgress, kerr.NotCoordinator}[r.IntN(3)]
+		case k < 9:
+			f.Key, f.Delay, f.Count = kmsg.Produce, time.Duration(50+r.IntN(400))*time.Millisecond, 1
+		default:
+			f.Key, f.Delay, f.Count = kmsg.EndTxn, time.Duration(50+r.IntN(400))*time.Millisecond, 1
+		}
+		p.Kafka = append(p.Kafka, f)
+	}
+	for range sz.MoreKafkaFaults {
+		f := KafkaFault{At: r.IntN(len(p.Bursts)), Count: 1 + r.IntN(2)}
+		k := r.IntN(12)
+		if !txnal && (k == 1 || k == 5 || k == 8) {
+			k = []int{0, 2, 3, 4, 6, 7, 9, 10, 11}[r.IntN(9)]
+		}
+		switch k {
+		case 0: // the idempotent or transactional producer's set-up
+			f.Key = kmsg.InitProducerID
+			f.Err = []*kerr.Error{kerr.CoordinatorLoadInProgress, kerr.CoordinatorNotAvailable, kerr.ConcurrentTransactions}[r.IntN(3)]
+		case 1:
+			f.Key = kmsg.FindCoordinator
+			f.Err = []*kerr.Error{kerr.CoordinatorLoadInProgress, kerr.CoordinatorNotAvailable}[r.IntN(2)]
+		case 2: // the checkpoint read finds the end of the topic
+			f.Key, f.Err = kmsg.ListOffsets, kerr.NotLeaderForPartition
+		case 3: // and reads it
+			f.Key, f.Err = kmsg.Fetch, []*kerr.Error{kerr.NotLeaderForPartition, kerr.UnknownLeaderEpoch}[r.IntN(2)]
+		case 4: // applied, then answered with an error: the retry is a duplicate the broker drops
+			f.Key, f.Err = kmsg.Produce, kerr.NotEnoughReplicasAfterAppend
+		case 5:
+			f.Key, f.Cut = kmsg.EndTxn, true
+		case 6, 7:
+			f.Key, f.Cut = kmsg.Produce, true
+		case 8:
+			f.Key, f.Cut = kmsg.AddPartitionsToTxn, true
+		case 9:
+			f.Key, f.Cut = kmsg.Fetch, true
+		case 10:
+			f.Key, f.Cut = kmsg.InitProducerID, true
+		default:
+			f.Key, f.Cut = kmsg.Metadata, true
+		}
+		p.Kafka = append(p.Kafka, f)
+	}
+	// Drawn last, for the same reason as MoreKafkaFaults.
+	for i := range p.Conn {
+		if p.Conn[i].Kind != FaultNone && r.IntN(4) == 0 {
+			p.Conn[i].Crash = true
+		}
+	}
+	return p
+}
+
+// ConnFault is the fault scripted for connection n.
+func (p *Plan) ConnFault(n int) ConnFault {
+	if n < len(p.Conn) {
+		return p.Conn[n]
+	}
+	return ConnFault{}
+}
+
+// Events is the number of outbox rows.
+func (p *Plan) Events() int {
+	n := 0
+	for _, t := range p.Txns {
+		n += len(t)
+	}
+	return n
+}
+
+// burstTxns is the range of transactions of burst b.
+func (p *Plan) burstTxns(b int) (from, to int) {
+	from, to = p.Bursts[b], len(p.Txns)
+	if b+1 < len(p.Bursts) {
+		to = p.Bursts[b+1]
+	}
+	return from, to
+}

@@ -1,0 +1,381 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime/pprof"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/kafka"
+	"github.com/outboxd/outboxd/publisher"
+	"github.com/outboxd/outboxd/replication"
+)
+
+// Options configure one run.
+type Options struct {
+	Seed uint64
+	// Delivery is publisher.AtLeastOnce (with checkpoints) or
+	// publisher.ExactlyOnce; "" takes the seed's (Delivery).
+	Delivery string
+	Sizes    Sizes
+	// Settle bounds the wait, once the workload is committed, for the slot
+	// to confirm the WAL's end: the progress invariant. The fault schedule
+	// is finite (a fault per scripted connection, a count per broker
+	// fault): what is left of it when the workload ends fires in the
+	// first part of the wait, then the faults have stopped.
+	Settle time.Duration
+	Log    *zap.Logger // nil: none
+}
+
+// Report is what a run found.
+type Report struct {
+	Seed        uint64
+	Delivery    string
+	Took        time.Duration
+	Txns        int
+	Events      int
+	Records     int // event records a read_committed reader saw
+	Connections int
+	Confirmed   string // the slot's final confirmed position
+	WALEnd      string
+	Fired       []string // the faults that happened
+	Ended       []string // how each walsender connection ended
+	Violations  []string
+	// Goroutines is a dump of every goroutine when the run did not
+	// finish in time.
+	Goroutines string
+}
+
+// Failed reports a violated invariant.
+func (r *Report) Failed() bool { return len(r.Violations) > 0 }
+
+// Run runs the whole pipeline once against the scripted walsender and kfake:
+// the seed's workload is committed in bursts while the faults fire, then
+// the system settles, stops, and the invariants are checked.
+func Run(opts Options) *Report {
+	if opts.Log == nil {
+		opts.Log = zap.NewNop()
+	}
+	if opts.Settle == 0 {
+		opts.Settle = 30 * time.Second
+	}
+	if opts.Delivery == "" {
+		opts.Delivery = Delivery(opts.Seed)
+	}
+	plan := NewPlan(opts.Seed, opts.Sizes, opts.Delivery)
+	rep := &Report{Seed: opts.Seed, Delivery: opts.Delivery, Txns: len(plan.Txns), Events: plan.Events()}
+	began := time.Now()
+	defer func() { rep.Took = time.Since(began).Round(time.Millisecond) }()
+	fail := func(format string, args ...any) {
+		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
+	}
+
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(opts.Sizes.Partitions, Topic))
+	if err != nil {
+		fail("start kfake: %v", err)
+		return rep
+	}
+	defer cluster.Close()
+	brokers := cluster.ListenAddrs()
+
+	ws, err := NewWalsender(plan.ConnFault)
+	if err != nil {
+		fail("start walsender: %v", err)
+		return rep
+	}
+	defer ws.Close()
+
+	svc := publisher.NewKafkaService(serviceConfig(opts.Delivery), publisher.Wiring{
+		Stream: streamConfig(ws.ConnString()), Kafka: kafkaConfig(brokers),
+	}, opts.Log, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- svc.Run(ctx) }()
+
+	// The workload, burst by burst, with the broker faults of each burst.
+	var kfaults []*injected
+	ended := false // the service's Run returned early
+	for b := range plan.Bursts {
+		for _, f := range plan.Kafka {
+			if f.At == b {
+				kfaults = append(kfaults, injectKafka(cluster, f))
+			}
+		}
+		from, to := plan.burstTxns(b)
+		for i := from; i < to; i++ {
+			ws.Commit(plan.Txns[i], plan.Idle[i], plan.Rel[i])
+		}
+		select {
+		case err := <-runErr:
+			fail("the service stopped on its own while the workload ran: %v", err)
+			ended = true
+		case <-time.After(plan.Pause[b]): // the workload's pacing, not a synchronisation
+		}
+		if ended {
+			break
+		}
+	}
+	if !ended {
+		if err := settle(ws, runErr, opts.Settle); err != nil {
+			fail("progress: %v", err)
+			if !errors.Is(err, errServiceEnded) {
+				rep.Goroutines = goroutines()
+			}
+			if errors.Is(err, errServiceEnded) {
+				ended = true
+			}
+		}
+	}
+	// What is left of the schedule goes: the stop and the reader below
+	// meet a broker that answers.
+	for _, in := range kfaults {
+		in.remove()
+		ws.note("kafka: %s: answered %d", in.f, in.hits())
+	}
+	cancel()
+	if !ended {
+		select {
+		case err := <-runErr:
+			if err != nil {
+				fail("the service's Run returned %v after a stop, want nil", err)
+			}
+		case <-time.After(15 * time.Second):
+			fail("progress: the service did not stop within 15 s of its context's cancellation")
+			if rep.Goroutines == "" {
+				rep.Goroutines = goroutines()
+			}
+		}
+	}
+	confirmed, _ := ws.Confirmed()
+	rep.Confirmed, rep.WALEnd = confirmed.String(), ws.WALEnd().String()
+	rep.Connections = ws.Connections()
+	rep.Fired = ws.Fired()
+	rep.Ended = ws.Ended()
+	for _, p := range ws.Problems() {
+		fail("walsender: %s", p)
+	}
+
+	recs, err := readTopic(brokers, opts.Sizes.Partitions)
+	if err != nil {
+		fail("read the topic: %v", err)
+	}
+	rep.Records = len(recs)
+	for _, v := range check(ws.Txns(), confirmed, recs, opts.Delivery == publisher.ExactlyOnce) {
+		fail("%s", v)
+	}
+	return rep
+}
+
+var errServiceEnded = errors.New("the service stopped on its own")
+
+// settle waits until the slot confirmed the WAL's end, at most d.
+func settle(ws *Walsender, runErr <-chan error, d time.Duration) error {
+	deadline := time.After(d)
+	for {
+		confirmed, moved := ws.Confirmed()
+		end := ws.WALEnd()
+		if confirmed >= end {
+			return nil
+		}
+		select {
+		case <-moved:
+		case err := <-runErr:
+			return fmt.Errorf("%w before it confirmed the WAL's end %s (at %s): %v", errServiceEnded, end, confirmed, err)
+		case <-deadline:
+			return fmt.Errorf("the slot confirmed %s, not the WAL's end %s, within %s of the workload's end: a hang (see the goroutines)", confirmed, end, d)
+		}
+	}
+}
+
+func goroutines() string {
+	var b bytes.Buffer
+	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
+	return b.String()
+}
+
+func serviceConfig(delivery string) publisher.Config {
+	c := publisher.DefaultConfig()
+	c.Delivery = delivery
+	c.CheckpointTopic = "outboxd.checkpoints"
+	c.CheckpointInterval = 50 * time.Millisecond
+	c.TxnMaxAge = 20 * time.Millisecond
+	c.RestartBackoffMin = 10 * time.Millisecond
+	c.RestartBackoffMax = 100 * time.Millisecond
+	c.ShutdownTimeout = 5 * time.Second
+	c.StandbyPollInterval = 100 * time.Millisecond
+	// A small in-flight budget: reading pauses on it (backpressure) in
+	// the bigger bursts.
+	c.MaxInFlightEvents = 64
+	c.MaxInFlightBytes = 256 << 10
+	return c
+}
+
+func streamConfig(connString string) replication.StreamConfig {
+	c := replication.DefaultStreamConfig()
+	c.ConnString = connString
+	// Status updates every 10 ms: the set-up keepalive sends several while
+	// a session sets up, and the settle wait sees progress soon.
+	c.StatusInterval = 10 * time.Millisecond
+	// A stalled walsender is noticed in a second.
+	c.ServerTimeout = time.Second
+	c.ConnectTimeout = 3 * time.Second
+	return c
+}
+
+func kafkaConfig(brokers []string) kafka.Config {
+	c := kafka.DefaultConfig()
+	c.Brokers = brokers
+	c.RetryBackoff = 2 * time.Millisecond
+	c.RetryBackoffMax = 20 * time.Millisecond
+	c.DeliveryTimeout = 5 * time.Second
+	c.RequestTimeout = 2 * time.Second
+	c.UnknownTopicTimeout = time.Second
+	c.CheckpointReadTimeout = 5 * time.Second
+	c.TransactionTimeout = 20 * time.Second
+	return c
+}
+
+// injected is one installed broker fault.
+type injected struct {
+	f    KafkaFault
+	h    *kfake.FaultHandle // an error fault's
+	cuts atomic.Int64       // connections cut, or pauses
+	off  atomic.Bool        // removed: a control answers as usual
+}
+
+// remove takes the fault out, what is left of its count unused.
+func (in *injected) remove() {
+	in.off.Store(true)
+	if in.h != nil {
+		in.h.Remove()
+	}
+}
+
+// hits is how many requests the fault answered.
+func (in *injected) hits() int {
+	if in.h != nil {
+		return in.h.Hits()
+	}
+	return int(in.cuts.Load())
+}
+
+// injectKafka installs one broker fault.
+func injectKafka(c *kfake.Cluster, f KafkaFault) *injected {
+	in := &injected{f: f}
+	switch {
+	case f.Cut:
+		left := int64(f.Count)
+		c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if left == 0 || in.off.Load() {
+				return nil, nil, false
+			}
+			left--
+			in.cuts.Add(1)
+			c.KeepControl()
+			return nil, errCut, true // kfake closes the connection
+		})
+	case f.Err != nil:
+		top := f.Key == kmsg.EndTxn || f.Key == kmsg.InitProducerID
+		in.h = c.Fault(kfake.Fault{Keys: []kmsg.Key{f.Key}, Err: f.Err, Count: f.Count, TopLevel: top})
+	default:
+		// The whole broker pauses before it answers the next such request
+		// (a GC pause, a slow disk): its cluster goroutine waits in the
+		// control function. kfake's SleepControl, which would delay that
+		// request alone, races on its own state (go test -race reports it
+		// inside kfake).
+		c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
+			if !in.off.Load() && in.cuts.CompareAndSwap(0, 1) {
+				<-time.After(f.Delay)
+			}
+			return nil, nil, false // then answered as usual
+		})
+	}
+	return in
+}
+
+var errCut = errors.New("sim: connection cut")
+
+// record is one event record as a consumer sees it.
+type record struct {
+	partition int32
+	offset    int64
+	key       string
+	id        int64
+	value     string
+}
+
+// readTopic reads every event record of Topic as a read_committed consumer
+// does. To know it read to the end it first writes a sentinel to every
+// partition, outside any transaction: a read_committed reader reaches it
+// only once every transaction before it ended, so an open transaction left
+// behind shows as a partition that never reaches its sentinel.
+func readTopic(brokers []string, partitions int32) ([]record, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		return nil, err
+	}
+	for p := range partitions {
+		r := &kgo.Record{Topic: Topic, Partition: p, Value: []byte("sentinel"), Headers: []kgo.RecordHeader{{Key: "sim-sentinel"}}}
+		if err := pcl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			pcl.Close()
+			return nil, fmt.Errorf("write the sentinel of partition %d: %w", p, err)
+		}
+	}
+	pcl.Close()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// kfake can hold a first Fetch for its whole max wait (see the
+		// kafka package's readCommitted): keep it short.
+		kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var out []record
+	reached := map[int32]bool{}
+	for int32(len(reached)) < partitions {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			var missing []int32
+			for p := range partitions {
+				if !reached[p] {
+					missing = append(missing, p)
+				}
+			}
+			return out, fmt.Errorf("partitions %v never reached their sentinel within 15 s: a transaction left open hides everything after it", missing)
+		}
+		var perr error
+		fs.EachError(func(_ string, p int32, err error) { perr = fmt.Errorf("partition %d: %w", p, err) })
+		if perr != nil {
+			return out, perr
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			rec := record{partition: r.Partition, offset: r.Offset, key: string(r.Key), value: string(r.Value), id: -1}
+			for _, h := range r.Headers {
+				switch h.Key {
+				case "sim-sentinel":
+					reached[r.Partition] = true
+					return
+				case "outbox-id":
+					if id, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+						rec.id = id
+					}
+				}
+			}
+			out = append(out, rec)
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,94 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+)
+
+var (
+	seedFlag  = flag.Uint64("sim.seed", 0, "run only this seed (the replay of a failure)")
+	seedsFlag = flag.Int("sim.seeds", 0, "run this many seeds from -sim.first instead of TestSim's fixed set")
+	firstFlag = flag.Uint64("sim.first", 1000, "the first seed -sim.seeds runs")
+	verbose   = flag.Bool("sim.verbose", false, "log the service at info level")
+	settleFor = flag.Duration("sim.settle", 30*time.Second, "how long the system may take to settle after the faults stop before the run counts as hung")
+)
+
+// testSeeds are TestSim's runs under make test: both delivery modes (a
+// seed's parity picks it, see Delivery), small enough for -race on 2
+// cores. On the code before the pipeline told a cut stream from a clean
+// end, seeds 1, 11 and 15 published duplicates and torn transactions in
+// exactly-once mode, and seed 3 hung, seed 10 in some runs (a connection
+// lost during set-up left the pipeline waiting on a channel nobody
+// closed). Seeds 27
+// and 60 still hang, on a history read (replication.ReadServerHistory)
+// that nothing bounds when the server accepts the connection and then
+// answers nothing: they join this set once it is bounded.
+var testSeeds = []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+
+func TestSim(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a simulation of the whole pipeline: seconds per seed")
+	}
+	seeds := testSeeds
+	switch {
+	case *seedFlag != 0:
+		seeds = []uint64{*seedFlag}
+	case *seedsFlag > 0:
+		seeds = nil
+		for i := range *seedsFlag {
+			seeds = append(seeds, *firstFlag+uint64(i))
+		}
+	}
+	var failed []string
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			log := zap.NewNop()
+			if *verbose {
+				log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+			}
+			rep := Run(Options{Seed: seed, Sizes: DefaultSizes(), Settle: *settleFor, Log: log})
+			if rep.Failed() {
+				failed = append(failed, fmt.Sprintf("seed %d (%s): %s", seed, rep.Delivery, rep.Violations[0]))
+			}
+			t.Logf("%s: %d txns, %d events, %d records read, %d connections, confirmed %s of %s, %s",
+				rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.Connections, rep.Confirmed, rep.WALEnd, rep.Took)
+			if !rep.Failed() && !*verbose {
+				return
+			}
+			t.Logf("faults:\n  %s", strings.Join(rep.Fired, "\n  "))
+			t.Logf("connections:\n  %s", strings.Join(rep.Ended, "\n  "))
+			for _, v := range rep.Violations {
+				t.Errorf("seed %d (%s): %s", seed, rep.Delivery, v)
+			}
+			if rep.Goroutines != "" {
+				f, err := os.CreateTemp("", fmt.Sprintf("sim-seed-%d-goroutines-*.txt", seed))
+				if err == nil {
+					_, _ = f.WriteString(rep.Goroutines)
+					f.Close()
+					t.Logf("every goroutine at the hang: %s", f.Name())
+				}
+				t.Logf("goroutines (head):\n%s", head(rep.Goroutines, 12000))
+			}
+			if rep.Failed() {
+				t.Logf("replay: go test ./internal/sim -run TestSim -sim.seed=%d -v", seed)
+			}
+		})
+	}
+	if len(failed) > 0 {
+		t.Logf("%d of %d seeds failed:\n  %s", len(failed), len(seeds), strings.Join(failed, "\n  "))
+	}
+}
+
+func head(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "\n…"
+}
