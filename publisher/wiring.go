@@ -85,7 +85,7 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 		}
 		deps.EnsureCheckpointTopic = func() error { return kafka.EnsureCompactedTopic(kcfg, topic) }
 		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
-			return replication.ReadServerHistory(ctx, w.Stream.ConnString)
+			return replication.ReadServerHistory(ctx, w.Stream)
 		}
 		deps.SlotCreated = w.SlotCreated
 	}

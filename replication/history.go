@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -61,20 +62,35 @@ func ReadHistory(ctx context.Context, conn *pgconn.PgConn) (*History, error) {
 	return h, nil
 }
 
-// ReadServerHistory connects to connString as a replication client, reads
-// the server's history (ReadHistory) and disconnects.
-func ReadServerHistory(ctx context.Context, connString string) (*History, error) {
-	cfg, err := pgconn.ParseConfig(connString)
+// ReadServerHistory connects as a replication client with cfg's connection
+// string, reads the server's history (ReadHistory) and disconnects. It is
+// bounded as Open is: connecting by cfg.ConnectTimeout unless the
+// connection string sets connect_timeout, and the read by cfg.ConnectTimeout
+// too. Unbounded, a server that took the connection and then answered
+// nothing held the session in set-up for ever, while the slot's own
+// connection stayed alive (a simulation seed found it).
+func ReadServerHistory(ctx context.Context, cfg StreamConfig) (*History, error) {
+	cfg = cfg.withDefaults()
+	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
 		return nil, fmt.Errorf("replication: parse connection string: %w", err)
 	}
-	cfg.RuntimeParams["replication"] = "database"
-	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if pcfg.ConnectTimeout == 0 {
+		pcfg.ConnectTimeout = cfg.ConnectTimeout
+	}
+	pcfg.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return ReadHistory(ctx, conn)
+	rctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	h, err := ReadHistory(rctx, conn)
+	if err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		return nil, fmt.Errorf("replication: no answer from the server within %s while reading its WAL history: %w", cfg.ConnectTimeout, err)
+	}
+	return h, err
 }
 
 // ParseTimelineHistory reads a timeline history file: one line per earlier

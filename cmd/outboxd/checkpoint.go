@@ -46,7 +46,7 @@ func cmdCheckpointReset(ctx context.Context, args []string) error {
 	if _, err := prepare(ctx, &o, logger); err != nil {
 		return err
 	}
-	h, err := replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
+	h, err := replication.ReadServerHistory(ctx, o.streamConfig())
 	if err != nil {
 		return err
 	}

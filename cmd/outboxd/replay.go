@@ -153,7 +153,7 @@ func replayOrigin(ctx context.Context, o *options, kcfg kafka.Config) ([]byte, e
 	if topic == "" || !o.pub.Mapping.SendsOrigin() || o.poll.source == sourcePoll {
 		return nil, nil // rows run publishes carry no origin either
 	}
-	h, err := replication.ReadServerHistory(ctx, o.streamConfig().ConnString)
+	h, err := replication.ReadServerHistory(ctx, o.streamConfig())
 	if err != nil {
 		return nil, err
 	}
