@@ -10,6 +10,18 @@ import (
 	"time"
 )
 
+// slotExists reports whether the env's slot exists.
+func (e *env) slotExists() bool {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	var n int
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n != 0
+}
+
 // closedPort is a loopback address nothing listens on.
 func closedPort(t *testing.T) string {
 	t.Helper()
@@ -43,13 +55,7 @@ func TestRunFailsFastAtStart(t *testing.T) {
 		e := newEnv(t, 1)
 		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
 			"--slot", e.slot, "--publication", e.slot)
-		var slots int
-		c := e.conn()
-		defer c.Close(context.Background())
-		if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&slots); err != nil {
-			t.Fatal(err)
-		}
-		if slots != 0 {
+		if e.slotExists() {
 			t.Errorf("the slot was created although Kafka was unreachable")
 		}
 	})
@@ -114,13 +120,7 @@ func TestRunServesHealthBeforeItConnects(t *testing.T) {
 		defer busy.Close()
 		expectStartFailure(t, "--metrics-addr", "run", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
 			"--slot", e.slot, "--publication", e.slot, "--metrics-addr", busy.Addr().String())
-		var slots int
-		c := e.conn()
-		defer c.Close(context.Background())
-		if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&slots); err != nil {
-			t.Fatal(err)
-		}
-		if slots != 0 {
+		if e.slotExists() {
 			t.Errorf("the slot was created although --metrics-addr could not be opened")
 		}
 	})
