@@ -14,6 +14,34 @@
 --
 -- Not superuser, not CREATEDB/CREATEROLE, no ownership of anything.
 --
+-- That is enough for outboxd run and nothing else that touches the table's
+-- rows. What each command needs on top of LOGIN, CONNECT and USAGE above
+-- (from the statements each one runs):
+--
+--   command                   needs
+--   run (CDC, the default)    REPLICATION; SELECT on outbox_emit_key when
+--                             installed (granted below); nothing on the outbox
+--                             table
+--   run --retention D,        DELETE, and SELECT (id, created_at) on the table
+--   prune --older-than D      (the DELETE's WHERE reads them); with
+--                             --source=poll also SELECT (published_at)
+--   run --source=poll         SELECT, UPDATE (published_at) on the table; no
+--                             REPLICATION, no publication
+--   replay                    SELECT on the table (the columns it maps);
+--                             REPLICATION to read the server's identity when
+--                             checkpoints are on; --resume: what run needs
+--   checkpoint reset          REPLICATION (creates a missing slot, reads the
+--                             server's WAL history); UPDATE on the id column's
+--                             sequence (setval) and SELECT or USAGE on it
+--                             (pg_sequence_last_value)
+--   migrate                   ownership: it creates and alters the outbox
+--                             table, outbox_emit_key and the outbox_emit
+--                             functions; run it as the schema's and tables'
+--                             owner, not as this role
+--
+-- The optional grants for each are at the end of this file, commented out:
+-- uncomment the ones for the commands this role will run.
+--
 -- Run it as a superuser (or as the outbox table's owner with CREATEROLE), in
 -- the database that holds the outbox table:
 --
@@ -60,6 +88,23 @@ SELECT format('GRANT SELECT ON %I.outbox_emit_key TO %I', :'schema', :'role')
 WHERE to_regclass(format('%I.outbox_emit_key', :'schema')) IS NOT NULL \gexec
 COMMIT;
 
+-- Optional grants, one block per command (see the table at the top). They
+-- are commented out because each widens what a leaked outboxd credential can
+-- do to the outbox: a role that only runs needs none of them.
+--
 -- The polling source (outboxd run --source=poll) reads and marks rows instead
 -- of decoding WAL; it needs neither REPLICATION nor the publication, but:
 --   GRANT SELECT, UPDATE (published_at) ON :"schema".:"table" TO :"role";
+--
+-- run --retention / prune (add published_at with --source=poll):
+--   GRANT SELECT (id, created_at), DELETE ON :"schema".:"table" TO :"role";
+--
+-- replay (every column, since which ones it reads depends on the mapping):
+--   GRANT SELECT ON :"schema".:"table" TO :"role";
+--
+-- checkpoint reset: the id column's sequence, whose name
+-- SELECT pg_get_serial_sequence('schema.table', 'id') gives (outbox_id_seq
+-- for the table of migration 001):
+--   GRANT SELECT, UPDATE ON SEQUENCE :"schema".outbox_id_seq TO :"role";
+--
+-- migrate: no grant; run it as the owner of the schema and the tables.
