@@ -36,6 +36,15 @@ type Metrics struct {
 	CommitToReceive prometheus.Histogram
 	Restarts        *prometheus.CounterVec
 	Standby         prometheus.Gauge
+	// State is 1 for the supervisor's current state and 0 for the others
+	// (see SetState), so an alert can name the state it means.
+	State *prometheus.GaugeVec
+	// LastEventTimestamp is when Kafka last acknowledged an event, in Unix
+	// seconds; 0 before the first. A timestamp rather than a "seconds
+	// since" gauge, the Prometheus way: it is right whenever it is scraped
+	// (time() - it gives the age in any query), needs no clock at scrape
+	// time, and a missed scrape loses nothing.
+	LastEventTimestamp prometheus.Gauge
 	// ProduceRetries and ProduceRecovery observe the Kafka producer (see
 	// kafka.ProducerHooks).
 	ProduceRetries  *prometheus.CounterVec
@@ -47,6 +56,21 @@ type Metrics struct {
 	LagBytes             prometheus.Gauge
 	SlotRetainedWALBytes prometheus.Gauge
 	SlotPolls            *prometheus.CounterVec
+	// SlotActive is pg_replication_slots.active: 1 while some process
+	// streams from the slot (this one or another instance).
+	SlotActive prometheus.Gauge
+	// SlotWALStatus is 1 for the slot's wal_status and 0 for the others;
+	// status="missing" (not a PostgreSQL value) when the slot is not in
+	// pg_replication_slots. All 0 until the first poll answered, so that
+	// no alert fires on a process that has not looked yet.
+	SlotWALStatus *prometheus.GaugeVec
+	// SlotSafeWALSize is pg_replication_slots.safe_wal_size, exported only
+	// when PostgreSQL gives one: it is NULL with max_slot_wal_keep_size =
+	// -1 (nothing bounds the slot's WAL) and once the slot is lost. No
+	// series rather than a -1, so that min() and a "below N bytes" alert
+	// need no filter for a value that is not a size. A vector without
+	// labels, because only a vector can drop its one series.
+	SlotSafeWALSize *prometheus.GaugeVec
 
 	// LagSeconds is computed at scrape time from the watermark of the latest
 	// pipeline: now − commit time of the oldest unconfirmed transaction.
@@ -144,6 +168,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SlotPolls: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_slot_polls_total", Help: "Polls of pg_replication_slots, by result (ok, error).",
 		}, []string{"result"}),
+		State: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_state", Help: "1 for what the process does now, 0 for the rest: starting, active (streaming or polling), standby, restarting, halted (stopped by an error an operator must fix), stopped.",
+		}, []string{"state"}),
+		LastEventTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxd_last_event_timestamp_seconds", Help: "Unix time Kafka last acknowledged an event published by this process; 0 before the first. time() minus it is the age of the last event.",
+		}),
+		SlotActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outboxd_slot_active", Help: "pg_replication_slots.active at the last slot poll: 1 while a process streams from the slot.",
+		}),
+		SlotWALStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_slot_wal_status", Help: "1 for the slot's wal_status at the last slot poll (reserved, extended, unreserved, lost; missing: no such slot), 0 for the others; all 0 before the first poll answered.",
+		}, []string{"status"}),
+		SlotSafeWALSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "outboxd_slot_safe_wal_size_bytes", Help: "pg_replication_slots.safe_wal_size at the last slot poll: WAL that may still be written before the slot is at risk of being lost. Absent when PostgreSQL reports NULL (max_slot_wal_keep_size = -1, or the slot is lost).",
+		}, nil),
 	}
 	m.Standby = standbyGauge{prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "outboxd_standby", Help: "1 while another process holds the slot and this one waits.",
@@ -162,11 +201,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{"ok", "error"} {
 		m.SlotPolls.WithLabelValues(r)
 	}
+	for _, st := range stateLabels {
+		m.State.WithLabelValues(st)
+	}
+	m.State.WithLabelValues(stateLabel(StateStarting)).Set(1)
+	for _, ws := range walStatuses {
+		m.SlotWALStatus.WithLabelValues(ws)
+	}
 	if reg != nil {
 		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered, m.RejectedMessages, m.BadEvents,
 			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck, m.CommitToReceive,
 			m.Restarts, m.Standby, m.ServerWALLSN, m.LagBytes, m.SlotRetainedWALBytes,
-			m.SlotPolls, m.LagSeconds, m.ProduceRetries, m.ProduceRecovery, m.StalledSeconds)
+			m.SlotPolls, m.LagSeconds, m.ProduceRetries, m.ProduceRecovery, m.StalledSeconds,
+			m.State, m.LastEventTimestamp, m.SlotActive, m.SlotWALStatus, m.SlotSafeWALSize)
 	}
 	return m
 }
@@ -235,6 +282,40 @@ func (m *Metrics) Confirmed() pglogrepl.LSN {
 	return 0
 }
 
+// stateLabels are outboxd_state's label values, indexed by State. The
+// streaming state is "active": what an operator calls the instance that
+// publishes, beside the standby.
+var stateLabels = [...]string{
+	StateStarting:   "starting",
+	StateStreaming:  "active",
+	StateStandby:    "standby",
+	StateRestarting: "restarting",
+	StateStopped:    "stopped",
+	StateHalted:     "halted",
+}
+
+func stateLabel(st State) string { return stateLabels[st] }
+
+// SetState makes st the one outboxd_state series at 1. The others are
+// zeroed first: a scrape in the middle of a change may see none at 1, never
+// two, so a sum over the states never counts one process twice.
+func (m *Metrics) SetState(st State) {
+	for i, l := range stateLabels {
+		if State(i) != st {
+			m.State.WithLabelValues(l).Set(0)
+		}
+	}
+	m.State.WithLabelValues(stateLabel(st)).Set(1)
+}
+
+// walStatuses are outboxd_slot_wal_status's label values: PostgreSQL's
+// wal_status values and "missing" for a slot that does not exist.
+var walStatuses = []string{"reserved", "extended", "unreserved", "lost", WALStatusMissing}
+
+// WALStatusMissing is the wal_status the slot metrics report for a slot
+// that is not in pg_replication_slots.
+const WALStatusMissing = "missing"
+
 // SlotPoll is one reading of the slot for the slot metrics.
 type SlotPoll struct {
 	// ServerWAL is the server's current WAL position.
@@ -242,6 +323,13 @@ type SlotPoll struct {
 	// SlotConfirmed is the slot's confirmed_flush_lsn; RestartLSN its
 	// restart_lsn (0 when lost).
 	SlotConfirmed, RestartLSN pglogrepl.LSN
+	// Active is pg_replication_slots.active.
+	Active bool
+	// WALStatus is pg_replication_slots.wal_status ("" when NULL: then no
+	// status series is at 1).
+	WALStatus string
+	// SafeWALSize is pg_replication_slots.safe_wal_size, nil when NULL.
+	SafeWALSize *int64
 }
 
 // ObserveSlot sets the slot metrics from one poll. Lag is measured from
@@ -254,6 +342,38 @@ func (m *Metrics) ObserveSlot(p SlotPoll) {
 	confirmed := max(m.Confirmed(), p.SlotConfirmed)
 	m.LagBytes.Set(float64(slot.WALDistance(p.ServerWAL, confirmed)))
 	m.SlotRetainedWALBytes.Set(float64(slot.WALDistance(p.ServerWAL, p.RestartLSN)))
+	if p.Active {
+		m.SlotActive.Set(1)
+	} else {
+		m.SlotActive.Set(0)
+	}
+	m.setWALStatus(p.WALStatus)
+	if p.SafeWALSize != nil {
+		m.SlotSafeWALSize.WithLabelValues().Set(float64(*p.SafeWALSize))
+	} else {
+		m.SlotSafeWALSize.Reset()
+	}
+}
+
+// SlotMissing records a poll that found no slot: it is counted as an
+// answered poll (PostgreSQL answered; the slot is gone), wal_status becomes
+// "missing", and the gauges that describe a slot say none is there: not
+// active, no safe WAL size. The WAL positions keep their last values.
+func (m *Metrics) SlotMissing() {
+	m.SlotPolls.WithLabelValues("ok").Inc()
+	m.SlotActive.Set(0)
+	m.setWALStatus(WALStatusMissing)
+	m.SlotSafeWALSize.Reset()
+}
+
+func (m *Metrics) setWALStatus(status string) {
+	for _, ws := range walStatuses {
+		v := 0.0
+		if ws == status {
+			v = 1
+		}
+		m.SlotWALStatus.WithLabelValues(ws).Set(v)
+	}
 }
 
 // SlotPollFailed counts a failed poll; the slot metrics keep their last values.

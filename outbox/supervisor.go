@@ -23,10 +23,14 @@ const (
 	StateStandby
 	StateRestarting
 	StateStopped
+	// StateHalted: Run returned an error that halts (halt.Is). Kept apart
+	// from StateStopped because an operator must act on it, and a graceful
+	// stop needs nothing.
+	StateHalted
 )
 
 func (s State) String() string {
-	return [...]string{"starting", "streaming", "standby", "restarting", "stopped"}[s]
+	return [...]string{"starting", "streaming", "standby", "restarting", "stopped", "halted"}[s]
 }
 
 // SupervisorConfig tunes a Supervisor.
@@ -110,6 +114,7 @@ func (s *Supervisor) State() State { return State(s.state.Load()) }
 
 func (s *Supervisor) setState(st State) {
 	s.state.Store(int32(st))
+	s.m.SetState(st)
 	if st == StateStandby {
 		s.m.Standby.Set(1)
 	} else {
@@ -134,8 +139,14 @@ func (s *Supervisor) NotRunning() { s.setState(StateRestarting) }
 
 // Run runs sessions until ctx is cancelled (then returns nil after the last
 // session drained) or a session fails with a fatal error (returned).
-func (s *Supervisor) Run(ctx context.Context, session Session) error {
-	defer s.setState(StateStopped)
+func (s *Supervisor) Run(ctx context.Context, session Session) (err error) {
+	defer func() {
+		if halt.Is(err) {
+			s.setState(StateHalted)
+		} else {
+			s.setState(StateStopped)
+		}
+	}()
 	bo := backoff.New(s.cfg.RestartBackoffMin, s.cfg.RestartBackoffMax)
 	for {
 		started := time.Now()

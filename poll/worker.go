@@ -203,6 +203,7 @@ func (w *worker) result(ctx context.Context, r *kafka.Record, size int) error {
 		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
 		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size))
+		p.m.LastEventTimestamp.SetToCurrentTime()
 		if !r.Timestamp.IsZero() {
 			p.m.CommitToAck.Observe(time.Since(r.Timestamp).Seconds())
 		}

@@ -428,6 +428,7 @@ func (p *Pipeline) handleResult(ctx context.Context, r *kafka.Record) error {
 		}
 		p.m.Published.WithLabelValues(r.Topic).Inc()
 		p.m.PublishedBytes.WithLabelValues(r.Topic).Add(float64(size - replication.EventOverhead))
+		p.m.LastEventTimestamp.SetToCurrentTime()
 		if !t.commitTime.IsZero() {
 			p.m.ObserveLatency(t.commitTime)
 		}

@@ -387,8 +387,8 @@ func TestServiceHaltsOnFatalErrors(t *testing.T) {
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("Run() = %v, want %v", err, tc.want)
 			}
-			if st := h.svc.State(); st != outbox.StateStopped {
-				t.Errorf("State() = %s after a halt, want stopped", st)
+			if st := h.svc.State(); st != outbox.StateHalted {
+				t.Errorf("State() = %s after a halt, want halted", st)
 			}
 			if n := srv.numOpens(); n != 1 {
 				t.Errorf("%d opens, want 1: a fatal error does not restart", n)

@@ -172,6 +172,21 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	if one(t, m, `outboxd_slot_polls_total{result="ok"}`) < 2 || m["outboxd_slot_retained_wal_bytes"] <= 0 {
 		t.Errorf("slot poller: %v polls, retained %v bytes", m[`outboxd_slot_polls_total{result="ok"}`], m["outboxd_slot_retained_wal_bytes"])
 	}
+	// The operators' signals: this process is the active one, it streams
+	// from a slot whose WAL is kept (reserved, or extended past max_wal_size
+	// on a busy server), and it published an event not long ago.
+	if v := one(t, m, `outboxd_state{state="active"}`); v != 1 {
+		t.Errorf(`outboxd_state{state="active"} = %v, want 1`, v)
+	}
+	if v := one(t, m, "outboxd_slot_active"); v != 1 {
+		t.Errorf("outboxd_slot_active = %v, want 1", v)
+	}
+	if v := one(t, m, `outboxd_slot_wal_status{status="reserved"}`) + one(t, m, `outboxd_slot_wal_status{status="extended"}`); v != 1 {
+		t.Errorf("outboxd_slot_wal_status reserved + extended = %v, want 1", v)
+	}
+	if v := one(t, m, "outboxd_last_event_timestamp_seconds"); v < float64(time.Now().Add(-5*time.Minute).Unix()) || v > float64(time.Now().Unix()+1) {
+		t.Errorf("outboxd_last_event_timestamp_seconds = %v, want within the last few minutes", v)
+	}
 	if code, body := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d %s", code, body)
 	}

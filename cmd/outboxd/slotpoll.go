@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,8 +14,10 @@ import (
 
 // slotPoller reads pg_replication_slots every interval on a connection of its
 // own and feeds the slot metrics (server WAL position, lag bytes, retained
-// WAL). It is an actor of the run group; a failed poll is counted and logged
-// once, and the next one reconnects.
+// WAL, active, wal_status, safe_wal_size). It is an actor of the run group;
+// a failed poll is counted and logged once, and the next one reconnects. A
+// slot that is not there is an answer, not a failure: it is reported as
+// wal_status "missing" (the alert for a lost slot covers both).
 type slotPoller struct {
 	dsn      string
 	cfg      slot.Config
@@ -24,6 +27,7 @@ type slotPoller struct {
 
 	conn    *pgx.Conn
 	failing bool
+	missing bool // the last answer was: no such slot
 }
 
 func (p *slotPoller) run(ctx context.Context) error {
@@ -74,15 +78,32 @@ func (p *slotPoller) read(ctx context.Context) error {
 		}
 	}
 	st, err := slot.GetStatus(ctx, p.conn, p.cfg)
+	if errors.Is(err, slot.ErrSlotMissing) {
+		p.m.SlotMissing()
+		if !p.missing {
+			p.log.Warn("the replication slot does not exist", zap.String("slot", p.cfg.Slot))
+		}
+		p.missing = true
+		return nil
+	}
 	if err != nil {
 		return err
 	}
-	p.m.ObserveSlot(outbox.SlotPoll{
+	p.missing = false
+	p.m.ObserveSlot(slotPoll(st))
+	return nil
+}
+
+// slotPoll is what the slot metrics take from one status.
+func slotPoll(st slot.Status) outbox.SlotPoll {
+	return outbox.SlotPoll{
 		ServerWAL:     st.CurrentWALLSN,
 		SlotConfirmed: st.ConfirmedFlushLSN,
 		RestartLSN:    st.RestartLSN,
-	})
-	return nil
+		Active:        st.Active,
+		WALStatus:     st.WALStatus,
+		SafeWALSize:   st.SafeWALSize,
+	}
 }
 
 func (p *slotPoller) close() {
