@@ -24,7 +24,11 @@ func TestReaderCell(t *testing.T) {
 	if c.Written == 0 || c.Received != c.Written || c.Missing != 0 || c.Duplicates != 0 {
 		t.Errorf("written %d received %d missing %d dup %d, want every row once", c.Written, c.Received, c.Missing, c.Duplicates)
 	}
-	if !(0 < c.P50Ms && c.P50Ms <= c.P99Ms && c.P99Ms <= c.MaxMs) || c.CPUSeconds <= 0 {
+	// Latency is commit return → read: the reader can have an event before
+	// the writer, descheduled on a loaded machine, sees its COMMIT return,
+	// so a percentile may be 0 (a fresh-clone CI run had p50 0 at load 20);
+	// a measurement was taken when the maximum is above 0.
+	if !(0 <= c.P50Ms && c.P50Ms <= c.P99Ms && c.P99Ms <= c.MaxMs && 0 < c.MaxMs) || c.CPUSeconds <= 0 {
 		t.Errorf("p50 %v p99 %v max %v cpu %v s: want ordered percentiles and the reader's CPU", c.P50Ms, c.P99Ms, c.MaxMs, c.CPUSeconds)
 	}
 	if _, ok := c.CPUShares["walsender"]; !ok {
