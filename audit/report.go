@@ -28,10 +28,14 @@ type Report struct {
 	TableEmpty bool  `json:"table_empty"`
 	// ContentChecked says whether mismatches were looked for (the default
 	// record shape only).
-	ContentChecked bool          `json:"content_checked"`
-	Topics         []TopicReport `json:"topics"`
-	Started        time.Time     `json:"started"`
-	Elapsed        string        `json:"elapsed"`
+	ContentChecked bool `json:"content_checked"`
+	// DuplicatesAllowed is set by the caller that passes duplicates
+	// (at-least-once delivery makes them): the text then says so instead
+	// of NOT CLEAN when they are the only verdict.
+	DuplicatesAllowed bool          `json:"duplicates_allowed,omitempty"`
+	Topics            []TopicReport `json:"topics"`
+	Started           time.Time     `json:"started"`
+	Elapsed           string        `json:"elapsed"`
 
 	// missing are the missing ids as ranges of consecutive ids, in id
 	// order, for a repair (16 bytes a range: an outage's gap is one).
@@ -220,6 +224,12 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	if r.Clean {
 		b.WriteString("clean: every row in range is in Kafka once, in order per key")
+		if r.ContentChecked {
+			b.WriteString(", as outboxd would build it")
+		}
+		b.WriteString("\n")
+	} else if r.DuplicatesAllowed && r.CleanIgnoring(true) {
+		fmt.Fprintf(&b, "clean but for duplicates, which at-least-once delivery allows (%s): every row in range is in Kafka, in order per key", strings.Join(r.Verdicts, "; "))
 		if r.ContentChecked {
 			b.WriteString(", as outboxd would build it")
 		}

@@ -161,6 +161,10 @@ demo() {
 
 	step "9. check"
 	democtl check --orders "$COUNT" --invalid "$INVALID"
+
+	step "10. audit: every outbox row against what Kafka holds (the events the crash re-sent are duplicates, which at-least-once allows)"
+	"$BIN/outboxd" audit --pg-dsn "$DEMO_PG_DSN" --kafka-brokers "$OUTBOXD_KAFKA_BROKERS" \
+		--slot "$DEMO_SLOT" --publication "$DEMO_PUBLICATION" --from-id 1 --allow-duplicates
 }
 
 case ${1:-} in

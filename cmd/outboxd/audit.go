@@ -82,7 +82,8 @@ func cmdAudit(ctx context.Context, args []string) error {
 		return err
 	}
 	if *repair && rep.MissingCount() > 0 {
-		if err := printAudit(rep, *asJSON); err != nil {
+		rep.DuplicatesAllowed = *allowDup
+	if err := printAudit(rep, *asJSON); err != nil {
 			return err
 		}
 		n, err := repairMissing(ctx, &o, kcfg, conn, rep, *batch)
@@ -94,6 +95,7 @@ func cmdAudit(ctx context.Context, args []string) error {
 			return err
 		}
 	}
+	rep.DuplicatesAllowed = *allowDup
 	if err := printAudit(rep, *asJSON); err != nil {
 		return err
 	}
