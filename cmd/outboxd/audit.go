@@ -83,7 +83,7 @@ func cmdAudit(ctx context.Context, args []string) error {
 	}
 	if *repair && rep.MissingCount() > 0 {
 		rep.DuplicatesAllowed = *allowDup
-	if err := printAudit(rep, *asJSON); err != nil {
+		if err := printAudit(rep, *asJSON); err != nil {
 			return err
 		}
 		n, err := repairMissing(ctx, &o, kcfg, conn, rep, *batch)
