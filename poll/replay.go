@@ -19,7 +19,9 @@ type Range struct {
 	ToID   int64
 }
 
-func (r Range) validate() error {
+// Validate checks the range alone, so a command can refuse a bad one before it
+// connects anywhere.
+func (r Range) Validate() error {
 	switch {
 	case r.Since.IsZero() && r.FromID == 0:
 		return errors.New("replay: set --since TIMESTAMP or --from-id N")
@@ -37,7 +39,7 @@ func (r Range) validate() error {
 // as the pgoutput decoder sees them, so they map to the same records. It
 // returns how many rows it handed over. The table needs no published_at.
 func Replay(ctx context.Context, conn *pgx.Conn, cfg Config, rng Range, batch int, publish func([]outbox.Event) error) (int, error) {
-	if err := rng.validate(); err != nil {
+	if err := rng.Validate(); err != nil {
 		return 0, err
 	}
 	tbl, err := inspectFor(ctx, conn, cfg, false)

@@ -33,6 +33,10 @@ func TestCLIExitCodesAndStreams(t *testing.T) {
 		{[]string{"run", "--shutdown-timeout", "30"}, 2, "", "e.g. 30s", 1},
 		{[]string{"slto"}, 2, "", `did you mean "slot"?`, 1},
 		{[]string{"slot", "stauts"}, 2, "", `did you mean "status"?`, 1},
+		// A range that selects nothing is refused before anything connects
+		// (both addresses are closed; --resume would create the slot).
+		{[]string{"replay", "--pg-dsn", "postgres://u@127.0.0.1:1/x", "--kafka-brokers", "127.0.0.1:1", "--from-id", "5", "--to-id", "1", "--resume"},
+			1, "", "--to-id 1 is below --from-id 5", 1},
 	} {
 		cmd := exec.Command(binPath, c.args...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin"}

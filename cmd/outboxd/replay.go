@@ -44,8 +44,12 @@ func cmdReplay(ctx context.Context, args []string) error {
 		}
 		rng.Since = t
 	}
-	// All of run's settings now, not after the replay: a --resume that the
-	// run would refuse must not publish every row first.
+	// The range and all of run's settings now, before anything connects or
+	// is created: a --resume that the run would refuse must not publish
+	// every row first, nor a range that selects nothing create the slot.
+	if err := rng.Validate(); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
 	if *batch < 1 {
 		return errors.New("invalid configuration: --replay-batch must be ≥ 1")
 	}
