@@ -238,3 +238,21 @@ func TestPipelineEventSettingAReservedHeaderIsBad(t *testing.T) {
 		}
 	}
 }
+
+// A row routed to the checkpoint topic is a bad event, never produced there:
+// keyed as a checkpoint, it would be read back as one at the next start.
+func TestPipelineEventRoutedToTheCheckpointTopicIsBad(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.CheckpointTopic = "outboxd.checkpoints"
+	h := startPipeline(t, cfg, nil)
+	h.in <- begin()
+	m := event(1, testID.Key(), "outboxd.checkpoints")
+	m.WALStart = 0x600
+	h.in <- m
+	if err := h.result(); !errors.Is(err, replication.ErrBadValue) || !strings.Contains(err.Error(), "checkpoint topic") || !strings.Contains(err.Error(), "--skip-bad-event 0/600") {
+		t.Fatalf("Run() = %v, want a bad event naming the checkpoint topic and --skip-bad-event 0/600", err)
+	}
+	if n := h.prod.numSent(); n != 0 {
+		t.Fatalf("%d records sent, want none to the checkpoint topic", n)
+	}
+}

@@ -285,6 +285,12 @@ const maxPending = 512
 // event when the Encoder finds it unpublishable.
 func (p *Pipeline) produce(ctx context.Context, t *txn, m *replication.Message) (*replication.BadEvent, error) {
 	r := outbox.NewRecord(&m.Event, &p.cfg.Mapping, t.commitTime)
+	if cp := p.cfg.CheckpointTopic; cp != "" && r.Topic == cp {
+		// The checkpoint topic is outboxd's: a row routed there, keyed as a
+		// checkpoint, would be read back as one and skip what it claims.
+		bad := eventBad(m, fmt.Sprintf("routed to %q, the checkpoint topic, which holds only outboxd's checkpoints", cp))
+		return &bad, nil
+	}
 	if bad, err := p.encode(ctx, r, m); bad != nil || err != nil {
 		return bad, err
 	}
