@@ -12,6 +12,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/outbox"
@@ -41,13 +42,15 @@ func TestPublishesWhatCDCPublishes(t *testing.T) {
 	pcfg := publisher.DefaultConfig()
 	pcfg.DefaultTopic = cdcTopic
 	pcfg.ShutdownTimeout = 10 * time.Second
-	svc := publisher.NewService(pcfg, zap.NewNop(), nil, publisher.Deps{
+	// A real logger: a CDC delivery that falls short must say why.
+	log := zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Named("cdc")
+	svc := publisher.NewService(pcfg, log, nil, publisher.Deps{
 		OpenSource: func(ctx context.Context) (publisher.Source, error) {
 			return replication.Open(ctx, replication.StreamConfig{
 				ConnString: pg.DSN, Slot: scfg.Slot, Publication: scfg.Publication,
 				StatusInterval: 200 * time.Millisecond,
 				Decoder:        replication.DecoderConfig{Columns: replication.DefaultColumns()},
-			}, zap.NewNop())
+			}, log)
 		},
 		NewProducer: func(publisher.Identity) (outbox.Producer, error) { return kafkaProducer(t, k)() },
 	})

@@ -177,10 +177,44 @@ func (k *KafkaEnv) ReadAll(t testing.TB, topic string, want int, timeout time.Du
 		case m := <-msgs:
 			got = append(got, m)
 		case <-timer.C:
+			k.logShortRead(t, topic, partitions, got, want)
 			return got
 		}
 	}
 	return got
+}
+
+// logShortRead says, for a read that ended at its timeout, how many
+// records each partition holds beside how many were read from it: a short
+// read is either a producer that did not deliver (the log end is short
+// too) or a reader that did not consume (the log end is not), and the test
+// that fails should say which.
+func (k *KafkaEnv) logShortRead(t testing.TB, topic string, partitions []int32, got []*sarama.ConsumerMessage, want int) {
+	t.Helper()
+	read := map[int32]int{}
+	for _, m := range got {
+		read[m.Partition]++
+	}
+	client, err := sarama.NewClient(k.Brokers, k.Config())
+	if err != nil {
+		t.Logf("testenv: read %d of %d records of %s; log ends unknown: %v", len(got), want, topic, err)
+		return
+	}
+	defer client.Close()
+	var parts []string
+	held := int64(0)
+	for _, p := range partitions {
+		oldest, err1 := client.GetOffset(topic, p, sarama.OffsetOldest)
+		newest, err2 := client.GetOffset(topic, p, sarama.OffsetNewest)
+		if err := errors.Join(err1, err2); err != nil {
+			parts = append(parts, fmt.Sprintf("%d: read %d, log end unknown (%v)", p, read[p], err))
+			continue
+		}
+		held += newest - oldest
+		parts = append(parts, fmt.Sprintf("%d: read %d of offsets %d..%d", p, read[p], oldest, newest))
+	}
+	t.Logf("testenv: read %d of %d records of %s within the timeout; the topic holds %d (a read_uncommitted count, aborted and control records included); by partition: %s",
+		len(got), want, topic, held, strings.Join(parts, "; "))
 }
 
 // partitionOpener is the part of sarama.Consumer forward uses.
