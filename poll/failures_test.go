@@ -37,12 +37,15 @@ func TestFailedProduceRollsBackAndRetries(t *testing.T) {
 	// A new producer per session, as after a real failure.
 	newProducer := func() (outbox.Producer, error) { return newFakeProducer(fp.delay, fp.fail), nil }
 	r := start(t, testConfig(pg), Deps{NewProducer: newProducer})
-	time.Sleep(500 * time.Millisecond)
+	// Two restarts, not a fixed wait: under load 500 ms held only one.
+	for deadline := time.Now().Add(30 * time.Second); restarts(t, r.p.m, "kafka") < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v restarts after failures within 30 s, want ≥ 2", restarts(t, r.p.m, "kafka"))
+		}
+		time.Sleep(10 * time.Millisecond) // polling a metric with a deadline
+	}
 	if n := count(t, pg, "published_at IS NOT NULL"); n != 0 {
 		t.Fatalf("%d rows marked published while every produce failed", n)
-	}
-	if got := restarts(t, r.p.m, "kafka"); got < 2 {
-		t.Fatalf("%v restarts after failures, want ≥ 2", got)
 	}
 	mu.Lock()
 	failing = false
