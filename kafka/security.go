@@ -221,42 +221,43 @@ func (e *UnreachableError) Error() string {
 }
 func (e *UnreachableError) Unwrap() error { return e.Err }
 
-// Check connects to the brokers once with cfg's settings (at most a
-// minute), as a process starts. A failed authentication or TLS verification
-// is returned as an *AuthError and brokers that do not answer as an
-// *UnreachableError, so that a process stops with one clear error instead of
+// Check connects to the brokers with cfg's settings, as a process starts.
+// A failed authentication or TLS verification is returned as an
+// *AuthError at once, and so is an unknown host; brokers that refuse or
+// time out are tried again, about once a second and each attempt logged,
+// until wait has passed (0: the first failure is final), and then returned
+// as an *UnreachableError: a process stops with one clear error instead of
 // retrying for ever (and before it creates anything); once started, the
 // caller's sessions retry.
-func Check(ctx context.Context, cfg Config, log *zap.Logger) error {
+func Check(ctx context.Context, cfg Config, wait time.Duration, log *zap.Logger) error {
 	sc, err := cfg.Sarama()
 	if err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	log.Info("connecting to Kafka", zap.Strings("brokers", cfg.Brokers), zap.String("security", cfg.Security.Describe()))
-	// An unknown host is final at once; brokers that refuse or time out are
-	// tried again until the minute is over (a rolling restart, Kafka still
-	// starting beside outboxd), then the start fails.
-	var last error
+	// An attempt has its own bound (the dial timeout below), so that a
+	// --start-timeout of 0 still makes one whole attempt.
+	deadline := time.Now().Add(wait)
 	for attempt := 1; ; attempt++ {
 		err := check(ctx, sc, cfg.Brokers, cfg.Security, log)
-		if ctx.Err() != nil && last != nil {
-			return last // the minute ran out: say why the brokers did not answer
+		if err == nil || ctx.Err() != nil {
+			return err
 		}
-		last = err
 		var unreachable *UnreachableError
 		var dnsErr *net.DNSError
 		if !errors.As(err, &unreachable) || (errors.As(err, &dnsErr) && dnsErr.IsNotFound) {
 			return err
 		}
-		if attempt == 1 {
-			log.Warn("Kafka is not reachable yet; trying again for up to a minute", zap.Strings("brokers", cfg.Brokers), zap.Error(err))
+		left := time.Until(deadline)
+		if left <= 0 {
+			return err
 		}
+		log.Warn("Kafka is not reachable yet; trying again within --start-timeout",
+			zap.Int("attempt", attempt), zap.Duration("left", left.Round(time.Second)), zap.Strings("brokers", cfg.Brokers), zap.Error(err))
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(time.Second):
+		case <-time.After(min(time.Second, left)):
 		}
 	}
 }

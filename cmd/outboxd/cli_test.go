@@ -84,6 +84,7 @@ func TestValidateRunRefusesWhatRunCannotDo(t *testing.T) {
 		{[]string{"--stall-timeout", "0"}, "--stall-timeout 0s: must be > 0"},
 		{[]string{"--kafka-linger", "-1s"}, "--kafka-linger -1s: must be ≥ 0"},
 		{[]string{"--schema-cache-ttl", "-1s"}, "--schema-cache-ttl -1s: must be ≥ 0"},
+		{[]string{"--start-timeout", "-1s"}, "--start-timeout -1s: must be ≥ 0"},
 		{[]string{"--checkpoint-topic", "bad topic!"}, "--checkpoint-topic: topic name \"bad topic!\""},
 		{[]string{"--dead-letter-topic", "bad topic!"}, "--dead-letter-topic: topic name"},
 		{[]string{"--default-topic", ".."}, "--default-topic: topic name \"..\""},

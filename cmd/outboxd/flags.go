@@ -45,6 +45,7 @@ type options struct {
 	statusInterval  time.Duration
 	serverTimeout   time.Duration
 	noCreate        bool
+	startTimeout    time.Duration
 	metricsAddr     string
 	pprof           bool
 	pub             publisher.Config
@@ -87,6 +88,7 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	bytesIntVar(fs, &o.maxRequestBytes, "kafka-max-request-bytes", k.MaxRequestBytes, "largest produce request (all its batches); lowered to the brokers' socket.request.max.bytes when they report a smaller one")
 	fs.DurationVar(&o.statusInterval, "status-interval", time.Second, "interval of standby status updates to PostgreSQL (< wal_sender_timeout)")
 	fs.DurationVar(&o.serverTimeout, "server-timeout", replication.DefaultStreamConfig().ServerTimeout, "restart the replication session when PostgreSQL sends nothing for this long, not even the keepalive asked for at half of it (half-open connection, stopped server)")
+	fs.DurationVar(&o.startTimeout, "start-timeout", defaultStartTimeout, "at start, how long to keep trying a Kafka or PostgreSQL that refuses or does not answer yet (or is starting up), once a second, each attempt logged; 0: the first failure ends the process. Wrong credentials, unknown hosts and missing tables end it at once")
 	fs.BoolVar(&o.noCreate, "no-create", false, "fail instead of creating a missing slot or publication")
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", 30*time.Second, "with --metrics-addr: /readyz answers 503 while events have waited this long for Kafka with none acknowledged")
 	o.retention = retention.DefaultConfig()

@@ -69,10 +69,10 @@ func runPoll(ctx context.Context, o *options, kcfg kafka.Config, logger *zap.Log
 	}
 	// The same start rule as CDC (start.go): fail fast on what waiting
 	// cannot fix, retry only once started.
-	if err := kafka.Check(ctx, kcfg, logger); err != nil {
+	if err := kafka.Check(ctx, kcfg, o.startTimeout, logger); err != nil {
 		return err
 	}
-	if err := checkPollTableAtStart(ctx, o); err != nil {
+	if err := checkPollTableAtStart(ctx, o, logger); err != nil {
 		return err
 	}
 	reg := prometheus.NewRegistry()

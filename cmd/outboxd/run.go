@@ -79,7 +79,7 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 
 	// Kafka first: an unreachable broker must not leave a new slot behind
 	// (start.go says what fails fast).
-	if err := kafka.Check(ctx, kcfg, logger); err != nil {
+	if err := kafka.Check(ctx, kcfg, o.startTimeout, logger); err != nil {
 		return err
 	}
 	slotCreated, err := prepare(ctx, o, logger)
@@ -144,7 +144,7 @@ func addRetention(ctx context.Context, g *run.Group, o *options, publishedOnly b
 // prepare checks the database and ensures the publication and the slot. It
 // reports whether it created the slot.
 func prepare(ctx context.Context, o *options, logger *zap.Logger) (slotCreated bool, err error) {
-	err = withStartConn(ctx, o, func(ctx context.Context, conn *pgx.Conn) error {
+	err = withStartConn(ctx, o, logger, func(ctx context.Context, conn *pgx.Conn) error {
 		if err := slot.Preflight(ctx, conn, o.slot, o.pub.DefaultTopic == ""); err != nil {
 			return err
 		}

@@ -54,7 +54,7 @@ func TestRunFailsFastAtStart(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1)
 		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
-			"--slot", e.slot, "--publication", e.slot)
+			"--slot", e.slot, "--publication", e.slot, "--start-timeout", "0")
 		if e.slotExists() {
 			t.Errorf("the slot was created although Kafka was unreachable")
 		}
@@ -64,8 +64,42 @@ func TestRunFailsFastAtStart(t *testing.T) {
 		e := newEnv(t, 1)
 		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
 			"--pg-dsn", "postgres://postgres@"+closedPort(t)+"/outboxd?sslmode=disable",
-			"--kafka-brokers", strings.Join(e.brokers, ","))
+			"--kafka-brokers", strings.Join(e.brokers, ","), "--start-timeout", "0")
 	})
+	// A server that refuses is tried again within --start-timeout, each
+	// attempt logged, and then the same one line ends the process: the wait
+	// is bounded and never silent.
+	for _, c := range []struct {
+		name, refusing, logged, last string
+		args                         func(e *env, addr string) []string
+	}{
+		{"cdc, broker refusing", "Kafka", "Kafka is not reachable yet", "Kafka: no broker of --kafka-brokers", func(e *env, addr string) []string {
+			return []string{"run", "--pg-dsn", e.dsn, "--kafka-brokers", addr, "--slot", e.slot, "--publication", e.slot}
+		}},
+		{"cdc, database refusing", "PostgreSQL", "PostgreSQL is not reachable yet", "connect to PostgreSQL", func(e *env, addr string) []string {
+			return []string{"run", "--pg-dsn", "postgres://postgres@" + addr + "/outboxd?sslmode=disable", "--kafka-brokers", strings.Join(e.brokers, ","),
+				"--slot", e.slot, "--publication", e.slot}
+		}},
+	} {
+		t.Run(c.name+": tried again within --start-timeout, each attempt logged", func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, 1)
+			d := startDaemon(t, append(c.args(e, closedPort(t)), "--start-timeout", "3s")...)
+			code := d.wait(90 * time.Second)
+			out := d.out.String()
+			if got := lastLine(out); code != 1 || !strings.Contains(got, c.last) {
+				t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and a line containing %q\n%s", code, got, c.last, out)
+			}
+			// About one attempt a second within 3 s: the first and at
+			// least one more are logged before the final error.
+			if n := strings.Count(out, c.logged); n < 2 {
+				t.Errorf("%d attempts logged as %q, want ≥ 2 within --start-timeout 3s:\n%s", n, c.logged, out)
+			}
+			if e.slotExists() {
+				t.Errorf("the slot was created although %s refused", c.refusing)
+			}
+		})
+	}
 	t.Run("poll, table without published_at", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t, 1) // outboxd migrate, not --source=poll
@@ -90,11 +124,15 @@ func TestConfigCheckConnect(t *testing.T) {
 	if code := d.wait(90 * time.Second); code != 0 || !strings.Contains(d.out.String(), "outboxd run can start") {
 		t.Fatalf("a good configuration: exit %d:\n%s", code, d.out.String())
 	}
-	d = startDaemon(t, "config", "check", "--connect", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.slot)
+	d = startDaemon(t, "config", "check", "--connect", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.slot,
+		"--start-timeout", "2s")
 	code := d.wait(90 * time.Second)
 	out := d.out.String()
 	if code != 1 || strings.Count(out, "  FAIL ") != 2 || !strings.Contains(out, "outbox table public.nosuch does not exist") {
 		t.Fatalf("a bad configuration: exit %d, want 1 and two FAIL lines:\n%s", code, out)
+	}
+	if !strings.Contains(out, "Kafka is not reachable yet") {
+		t.Errorf("config check --connect waited for Kafka without a line saying so:\n%s", out)
 	}
 	c := e.conn()
 	defer c.Close(context.Background())

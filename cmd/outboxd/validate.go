@@ -172,7 +172,7 @@ func (o *options) validateSettings() []error {
 	notNegative := []struct {
 		flag string
 		d    time.Duration
-	}{{"--kafka-linger", o.linger}, {"--schema-cache-ttl", o.formats.cfg.CacheTTL}}
+	}{{"--kafka-linger", o.linger}, {"--schema-cache-ttl", o.formats.cfg.CacheTTL}, {"--start-timeout", o.startTimeout}}
 	for _, p := range notNegative {
 		if p.d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must be ≥ 0", p.flag, p.d))
