@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/jackc/pglogrepl"
 )
 
 // StreamConfig says where to stream from and how long to wait for the server.
@@ -33,6 +35,10 @@ type StreamConfig struct {
 	// replication.
 	ConnectTimeout time.Duration
 	Decoder        DecoderConfig
+	// OnConfirm, when set, is called on Run's goroutine after each standby
+	// status update with the flush position it confirmed to the server:
+	// what the slot's confirmed_flush_lsn becomes. It must not block.
+	OnConfirm func(flush pglogrepl.LSN)
 }
 
 // DefaultStreamConfig returns the defaults: slot and publication "outboxd",

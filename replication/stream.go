@@ -126,6 +126,9 @@ func (s *Stream) sendStatus(st *streamState, gate Gate, ping bool) error {
 	}
 	st.lastStatus = time.Now()
 	st.lastFlush = flush
+	if s.cfg.OnConfirm != nil {
+		s.cfg.OnConfirm(flush)
+	}
 	if ce := s.log.Check(zap.DebugLevel, "standby status"); ce != nil {
 		ce.Write(zap.Stringer("write", write), zap.Stringer("flush", flush), zap.Bool("ping", ping))
 	}

@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
+	"net/url"
 	"os/exec"
 	"strings"
 	"testing"
@@ -89,7 +92,8 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 // exist.
 func TestAuditPublishFence(t *testing.T) {
 	e := newEnv(t, 1)
-	d := e.start()
+	addr := closedPort(t)
+	d := e.start("--metrics-addr", addr)
 	ctx := context.Background()
 	c := e.conn()
 	defer c.Close(ctx)
@@ -102,8 +106,20 @@ func TestAuditPublishFence(t *testing.T) {
 	if ok, err := fence("60 seconds"); err != nil || !ok {
 		t.Fatalf("with outboxd running: %v, %v; want true", ok, err)
 	}
+	// The same fence over HTTP, for a second event: 200, and then the
+	// audit finds both in Kafka.
+	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.topic)
+	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != http.StatusOK || !strings.Contains(body, "published: confirmed") {
+		t.Fatalf("GET /published with outboxd running: %d %q, want 200", code, body)
+	}
 	if code, _ := e.runAudit("--from-id", "1"); code != 0 {
-		t.Fatalf("audit right after the fence: exit %d, want 0 (the event is in Kafka)", code)
+		t.Fatalf("audit right after the fence: exit %d, want 0 (the events are in Kafka)", code)
+	}
+	if code, body := httpFence(t, addr, "FFFFFFFF/0", "300ms"); code != http.StatusGatewayTimeout || !strings.Contains(body, "not yet") {
+		t.Errorf("GET /published for a position not reached: %d %q, want 504 not yet", code, body)
+	}
+	if code, body := httpFence(t, addr, "nonsense", "1s"); code != http.StatusBadRequest {
+		t.Errorf("GET /published?lsn=nonsense: %d %q, want 400", code, body)
 	}
 	d.stop()
 	start := time.Now()
@@ -120,16 +136,45 @@ func TestAuditPublishFence(t *testing.T) {
 	}
 }
 
+// httpFence asks the daemon at addr's GET /published and returns the
+// status and body (0 and the error when it does not answer).
+func httpFence(t *testing.T, addr, lsn, timeout string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/published?lsn=" + url.QueryEscape(lsn) + "&timeout=" + timeout)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// walLSN is the server's WAL position now, read after a commit.
+func (e *env) walLSN() string {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	var lsn string
+	if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		e.t.Fatal(err)
+	}
+	return lsn
+}
+
 // TestAuditExactlyOnceRunIsClean: records outboxd published in Kafka
 // transactions (control batches between them, the checkpoint inside) audit
 // clean, and a publish fence on that run answers once they are committed.
 func TestAuditExactlyOnceRunIsClean(t *testing.T) {
 	e := newEnv(t, 3)
-	d := e.start("--delivery", "exactly-once")
+	addr := closedPort(t)
+	d := e.start("--delivery", "exactly-once", "--metrics-addr", addr)
 	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
 		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.topic)
 	c := e.conn()
 	defer c.Close(context.Background())
+	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != http.StatusOK {
+		t.Fatalf("GET /published: %d %q, want 200", code, body)
+	}
 	var ok bool
 	if err := c.QueryRow(context.Background(), `SELECT outbox_wait_published(pg_current_wal_lsn(), '60 seconds', $1)`, e.slot).Scan(&ok); err != nil || !ok {
 		t.Fatalf("fence: %v, %v; want true", ok, err)

@@ -96,7 +96,10 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 			logger.Warn("checkpoint topic not ready; the sessions will retry", zap.String("topic", topic), zap.Error(err))
 		}
 	}
-	w := publisher.Wiring{Stream: o.streamConfig(), Kafka: kcfg, SlotCreated: slotCreated || createdBefore}
+	fence := newFence()
+	stream := o.streamConfig()
+	stream.OnConfirm = fence.set
+	w := publisher.Wiring{Stream: stream, Kafka: kcfg, SlotCreated: slotCreated || createdBefore}
 	if w.NewHook, err = o.newHook(); err != nil {
 		return err
 	}
@@ -114,7 +117,9 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 		return err
 	}
 	if o.metricsAddr != "" { // Metrics and health.
-		httpSrv.setHandler(healthMux(reg, svc, o.slot.Slot, o.stallTimeout, o.pprof))
+		mux := healthMux(reg, svc, o.slot.Slot, o.stallTimeout, o.pprof)
+		mux.HandleFunc("/published", fence.handlePublished(svc.State))
+		httpSrv.setHandler(mux)
 		httpSrv.add(&g)
 		// The slot poller: lag bytes and retained WAL for the metrics.
 		p := &slotPoller{dsn: o.pgDSN, cfg: o.slot, interval: o.slotPoll, m: metrics, log: logger.Named("slot-poller")}
