@@ -46,6 +46,8 @@ type options struct {
 	serverTimeout   time.Duration
 	noCreate        bool
 	startTimeout    time.Duration
+	auditInterval   time.Duration
+	auditDelay      time.Duration
 	metricsAddr     string
 	pprof           bool
 	pub             publisher.Config
@@ -97,6 +99,8 @@ func addRunFlags(fs *flag.FlagSet, o *options) {
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz and /readyz on this address (e.g. :9652); empty: off")
 	fs.BoolVar(&o.pprof, "pprof", false, "with --metrics-addr: also serve Go's profiler under /debug/pprof/ (CPU, heap, goroutines)")
 	addPollFlags(fs, o)
+	fs.DurationVar(&o.auditInterval, "audit-interval", 0, "audit continuously: every this long, the active instance checks the rows created since its last round against Kafka (the verdicts of outboxd audit) and exports outboxd_audit_*; 0: off")
+	fs.DurationVar(&o.auditDelay, "audit-delay", time.Minute, "with --audit-interval: leave rows younger than this to a later round (a longer open transaction can show as missing once)")
 	fs.DurationVar(&o.slotPoll, "slot-poll-interval", 10*time.Second, "with --metrics-addr: how often to read pg_replication_slots for the lag and retained-WAL metrics")
 	o.kafkaSec.AddFlags(fs)
 	fs.StringVar(&o.pub.DefaultTopic, "default-topic", "", "topic for rows without one (topic column absent or NULL, or a NULL placeholder of --topic-template)")

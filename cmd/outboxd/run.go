@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 
+	"github.com/outboxd/outboxd/audit"
 	"github.com/outboxd/outboxd/kafka"
 	"github.com/outboxd/outboxd/outbox"
 	"github.com/outboxd/outboxd/publisher"
@@ -115,6 +116,16 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	}
 	if err := addRetention(ctx, &g, o, false, reg, logger); err != nil {
 		return err
+	}
+	if o.auditInterval > 0 { // The continuous audit.
+		cfg := audit.DefaultConfig()
+		cfg.Schema, cfg.Table, cfg.Mapping = o.slot.Schema, o.slot.Table, o.pub.Mapping
+		cfg.CheckContent = o.defaultRecordShape()
+		l := &auditLoop{interval: o.auditInterval, delay: o.auditDelay, exactlyOnce: o.pub.Delivery == publisher.ExactlyOnce,
+			dsn: o.pgDSN, kcfg: kcfg, cfg: cfg, state: svc.State, fence: fence,
+			log: logger.Named("audit"), m: newAuditMetrics(reg), now: time.Now}
+		actx, cancel := context.WithCancel(ctx)
+		g.Add(func() error { return l.run(actx) }, func(error) { cancel() })
 	}
 	if o.metricsAddr != "" { // Metrics and health.
 		mux := healthMux(reg, svc, o.slot.Slot, o.stallTimeout, o.pprof)

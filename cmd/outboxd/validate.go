@@ -172,11 +172,17 @@ func (o *options) validateSettings() []error {
 	notNegative := []struct {
 		flag string
 		d    time.Duration
-	}{{"--kafka-linger", o.linger}, {"--schema-cache-ttl", o.formats.cfg.CacheTTL}, {"--start-timeout", o.startTimeout}}
+	}{{"--kafka-linger", o.linger}, {"--schema-cache-ttl", o.formats.cfg.CacheTTL}, {"--start-timeout", o.startTimeout}, {"--audit-interval", o.auditInterval}}
 	for _, p := range notNegative {
 		if p.d < 0 {
 			errs = append(errs, fmt.Errorf("%s %s: must be ≥ 0", p.flag, p.d))
 		}
+	}
+	if o.auditInterval > 0 && o.auditDelay <= 0 {
+		errs = append(errs, fmt.Errorf("--audit-delay %s: must be > 0 with --audit-interval", o.auditDelay))
+	}
+	if o.auditInterval > 0 && o.pub.Mapping.IDHeader == "-" {
+		errs = append(errs, fmt.Errorf("--audit-interval with --id-header -: records without an id cannot be matched to rows"))
 	}
 	topics := []struct{ flag, name string }{
 		{"--checkpoint-topic", o.pub.CheckpointTopic}, {"--dead-letter-topic", o.pub.DeadLetterTopic}, {"--default-topic", o.pub.DefaultTopic},
