@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"go.uber.org/zap/zaptest"
 
@@ -238,4 +239,109 @@ func describe(cps []*Checkpoint) string {
 		fmt.Fprintf(&b, "%s in epoch %d", cp.EndLSN, cp.Epoch)
 	}
 	return b.String()
+}
+
+// Rule: a session whose slot was taken over before its read barrier was
+// acknowledged (paused between START_REPLICATION and the barrier, its
+// walsender ended meanwhile) has no epoch: its barrier landed after the new
+// owner's, so checkpoints under it would outrank the new owner's. It reads
+// and writes no checkpoint and restarts.
+func TestServiceSessionWhoseSlotWasTakenOverWritesNoCheckpoint(t *testing.T) {
+	brokers := startKfakeCheckpoints(t)
+	srv := newFakeServer(0)
+	commitOrders(srv, 2)
+	reads := &checkpointReads{}
+	h := newSvcHarness(t, srv, nil)
+	h.deps.NewProducer = func(Identity) (outbox.Producer, error) {
+		return kafka.NewProducer(e2eKafkaConfig(brokers), zaptest.NewLogger(t), kafka.ProducerHooks{})
+	}
+	var asked atomic.Int32
+	h.deps.ReadCheckpoint = reads.read(brokers)
+	h.deps.ReadSlotHolder = func(ctx context.Context) (int, error) {
+		if asked.Add(1) == 1 {
+			return 4242, nil // the first session's slot: another process's by now
+		}
+		return srv.holder(ctx)
+	}
+	cfg := svcConfig()
+	cfg.CheckpointTopic = "cp"
+	h.start(cfg)
+	h.waitSlotConfirmed(2000)
+	if err := h.stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if got := h.restarts("postgres"); got != 1 {
+		t.Fatalf("%v restarts by cause postgres, want 1 (the session that lost its slot)", got)
+	}
+	if !logged(h, "another took the slot over") {
+		t.Errorf("the restart's log does not say the slot was taken over")
+	}
+	if n := len(reads.all()); n != 1 {
+		t.Fatalf("%d checkpoint reads, want 1: only the session that kept its slot reads", n)
+	}
+	if starts := srv.startLSNs(); len(starts) != 2 {
+		t.Fatalf("sessions started at %v, want 2", starts)
+	}
+}
+
+// logged reports whether any log entry's message or error mentions s.
+func logged(h *svcHarness, s string) bool {
+	for _, e := range h.logs.All() {
+		if strings.Contains(e.Message, s) {
+			return true
+		}
+		for _, f := range e.Context {
+			if strings.Contains(f.String, s) {
+				return true
+			}
+			if err, ok := f.Interface.(error); ok && strings.Contains(err.Error(), s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Rule: the reader takes the latest record of the highest epoch of its own
+// identity, whatever was written last; the key from before epochs counts as
+// the newest only when it was written after every epoch's record.
+func TestPickCheckpoint(t *testing.T) {
+	base := testID.Key()
+	rec := func(off int64, end pglogrepl.LSN) kafka.CompactedRecord {
+		v, err := Checkpoint{EndLSN: end}.MarshalJSON()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kafka.CompactedRecord{Offset: off, Value: v}
+	}
+	other := Identity{SystemID: testID.SystemID, Database: testID.Database + "/s", Slot: "x"}.Key() // a database named "db/s"
+	for _, tc := range []struct {
+		name      string
+		latest    map[string]kafka.CompactedRecord
+		want      pglogrepl.LSN
+		wantEpoch int64
+	}{
+		{"none", map[string]kafka.CompactedRecord{base + "/read-barrier": {Offset: 1}}, 0, 0},
+		{"before epochs", map[string]kafka.CompactedRecord{base: rec(3, 100)}, 100, 0},
+		{"a lower epoch written last", map[string]kafka.CompactedRecord{base + "#7": rec(9, 300), base + "#20": rec(21, 500), base + "#3": rec(30, 200)}, 500, 20},
+		{"the key before epochs written before the epochs", map[string]kafka.CompactedRecord{base: rec(30, 100), base + "#31": rec(32, 500)}, 500, 31},
+		{"the key before epochs written after them (an older outboxd ran since)", map[string]kafka.CompactedRecord{base + "#31": rec(32, 500), base: rec(40, 700)}, 700, 0},
+		{"other identities' keys", map[string]kafka.CompactedRecord{base + "#5": rec(6, 500), other + "#90": rec(91, 900), base + "x#99": rec(99, 1), base + "#099": rec(100, 1)}, 500, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp, err := PickCheckpoint(tc.latest, base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == 0 {
+				if cp != nil {
+					t.Fatalf("PickCheckpoint = %s, want none", describe([]*Checkpoint{cp}))
+				}
+				return
+			}
+			if cp == nil || cp.EndLSN != tc.want || cp.Epoch != tc.wantEpoch {
+				t.Fatalf("PickCheckpoint = %s, want %s in epoch %d", describe([]*Checkpoint{cp}), tc.want, tc.wantEpoch)
+			}
+		})
+	}
 }
