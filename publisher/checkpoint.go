@@ -62,13 +62,16 @@ func SplitCheckpointKey(key string) (base string, epoch int64, ok bool) {
 	if strings.HasSuffix(key, "/read-barrier") {
 		return "", 0, false
 	}
+	// A database name may hold a "#" too: only a slot's can decide, and
+	// a slot name holds none, so a key whose last "#" is not followed by an
+	// epoch alone is a base key.
 	i := strings.LastIndex(key, epochSep)
 	if i < 0 {
 		return key, 0, true
 	}
 	e, err := strconv.ParseInt(key[i+len(epochSep):], 10, 64)
 	if err != nil || e <= 0 || key[i+len(epochSep):] != strconv.FormatInt(e, 10) {
-		return "", 0, false
+		return key, 0, true
 	}
 	return key[:i], e, true
 }

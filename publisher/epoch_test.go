@@ -315,6 +315,7 @@ func TestPickCheckpoint(t *testing.T) {
 		return kafka.CompactedRecord{Offset: off, Value: v}
 	}
 	other := Identity{SystemID: testID.SystemID, Database: testID.Database + "/s", Slot: "x"}.Key() // a database named "db/s"
+	hashDB := Identity{SystemID: testID.SystemID, Database: "a#1/b", Slot: "s"}.Key()
 	for _, tc := range []struct {
 		name      string
 		latest    map[string]kafka.CompactedRecord
@@ -343,5 +344,13 @@ func TestPickCheckpoint(t *testing.T) {
 				t.Fatalf("PickCheckpoint = %s, want %s in epoch %d", describe([]*Checkpoint{cp}), tc.want, tc.wantEpoch)
 			}
 		})
+	}
+	// A database name may hold a "#": its keys are still its own.
+	cp, err := PickCheckpoint(map[string]kafka.CompactedRecord{hashDB: rec(3, 100), hashDB + "#2": rec(4, 200), base + "#9": rec(9, 900)}, hashDB)
+	if err != nil || cp == nil || cp.EndLSN != 200 || cp.Epoch != 2 {
+		t.Fatalf("PickCheckpoint for database %q = %s, %v; want 200 in epoch 2", "a#1/b", describe([]*Checkpoint{cp}), err)
+	}
+	if c, _ := PickCheckpoint(map[string]kafka.CompactedRecord{hashDB: rec(3, 100)}, hashDB); c == nil || c.EndLSN != 100 {
+		t.Fatalf("PickCheckpoint for database %q before epochs = %s, want 100", "a#1/b", describe([]*Checkpoint{c}))
 	}
 }
