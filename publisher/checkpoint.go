@@ -23,11 +23,12 @@ type Identity struct {
 	// DatabaseOID tells a database from an earlier one of the same name.
 	DatabaseOID uint32
 	Slot        string
-	// Epoch is the session's checkpoint epoch: the offset of the read
-	// barrier it wrote once it held the slot, proven by the slot still being
-	// its own after the barrier was acknowledged (Service.checkpointing). Every later owner of the slot
-	// writes its barrier later, so it has a higher epoch. 0: the key of
-	// checkpoints written before epochs.
+	// Epoch is the session's checkpoint epoch: one past the offset of the
+	// read barrier it wrote once it held the slot, trusted because the slot
+	// was still its own after the barrier was acknowledged
+	// (Service.checkpointing). Every later owner of the slot writes its
+	// barrier later, so it has a higher epoch. 0: the key of checkpoints
+	// written before epochs.
 	Epoch int64
 }
 
@@ -37,8 +38,9 @@ type Identity struct {
 func (id Identity) Key() string { return "outboxd/" + id.SystemID + "/" + id.Database + "/" + id.Slot }
 
 // epochSep separates the base key from the epoch. A slot name holds only
-// lower-case letters, digits and underscores, so no base key of another
-// identity ends in it: every deployment reads only its own keys.
+// lower-case letters, digits and underscores, and a base key ends in one,
+// so no identity's base key looks like another's epoch key: every
+// deployment reads only its own keys.
 const epochSep = "#"
 
 // CheckpointKey is the key of the identity's checkpoints in its epoch:
