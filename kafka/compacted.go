@@ -91,6 +91,28 @@ func EnsureCompactedTopic(cfg Config, topic string) error {
 // by such a leader, and is asked again with fresh metadata until it is.
 // cfg.CheckpointReadTimeout bounds the whole read.
 func ReadCompacted(ctx context.Context, cfg Config, topic string, barriers ...Barrier) (map[string][]byte, error) {
+	latest, err := ReadCompactedRecords(ctx, cfg, topic, barriers...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(latest))
+	for k, v := range latest {
+		out[k] = v.Value
+	}
+	return out, nil
+}
+
+// A CompactedRecord is a key's latest committed value in a compacted topic
+// and where it is: a reader that must tell which of two keys was written
+// later (the checkpoint's epochs) compares their offsets.
+type CompactedRecord struct {
+	Partition int32
+	Offset    int64
+	Value     []byte
+}
+
+// ReadCompactedRecords is ReadCompacted with each value's position.
+func ReadCompactedRecords(ctx context.Context, cfg Config, topic string, barriers ...Barrier) (map[string]CompactedRecord, error) {
 	sc, err := cfg.Sarama()
 	if err != nil {
 		return nil, err
@@ -123,10 +145,10 @@ func ReadCompacted(ctx context.Context, cfg Config, topic string, barriers ...Ba
 			return nil, err
 		}
 	}
-	out := make(map[string][]byte, len(latest))
+	out := make(map[string]CompactedRecord, len(latest))
 	for k, kv := range latest {
 		if kv.value != nil {
-			out[k] = kv.value
+			out[k] = CompactedRecord{Partition: kv.partition, Offset: kv.offset, Value: kv.value}
 		}
 	}
 	return out, nil
@@ -189,8 +211,9 @@ func highWatermarkPast(ctx context.Context, client sarama.Client, topic string, 
 
 // keyValue is a key's latest committed value (nil: a tombstone) and its offset.
 type keyValue struct {
-	offset int64
-	value  []byte
+	partition int32
+	offset    int64
+	value     []byte
 }
 
 // partitionReader reads one partition of a compacted topic up to hwm.
@@ -288,7 +311,7 @@ func (pr *partitionReader) take(rb *sarama.RecordBatch, off int64, pending map[i
 		// committed.
 		if len(rb.Records) > 0 && controlType(rb.Records[0].Key) == sarama.ControlRecordCommit {
 			for _, r := range pending[rb.ProducerID] {
-				putLatest(latest, r.key, r.offset, r.value)
+				putLatest(latest, r.key, pr.part, r.offset, r.value)
 			}
 		}
 		delete(pending, rb.ProducerID)
@@ -302,15 +325,15 @@ func (pr *partitionReader) take(rb *sarama.RecordBatch, off int64, pending map[i
 		if rb.IsTransactional {
 			pending[rb.ProducerID] = append(pending[rb.ProducerID], pendingRecord{string(r.Key), o, r.Value})
 		} else {
-			putLatest(latest, string(r.Key), o, r.Value)
+			putLatest(latest, string(r.Key), pr.part, o, r.Value)
 		}
 	}
 }
 
 // putLatest makes value key's latest unless a later offset of it was read.
-func putLatest(latest map[string]keyValue, key string, o int64, value []byte) {
+func putLatest(latest map[string]keyValue, key string, p int32, o int64, value []byte) {
 	if cur, ok := latest[key]; !ok || o > cur.offset {
-		latest[key] = keyValue{offset: o, value: value}
+		latest[key] = keyValue{partition: p, offset: o, value: value}
 	}
 }
 

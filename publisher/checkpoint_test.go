@@ -3,6 +3,7 @@ package publisher
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -196,13 +197,13 @@ func TestCheckGap(t *testing.T) {
 
 func TestCheckpointRoundTrip(t *testing.T) {
 	in := Checkpoint{SystemID: "7", Database: "d", DatabaseOID: 16384, Slot: "s", Timeline: 2, EndLSN: 0x16B3748, CommitLSN: 0x16B3700, Xid: 42,
-		CommitTime: time.Unix(1700000000, 0).UTC(), WrittenAt: time.Unix(1700000001, 0).UTC()}
+		CommitTime: time.Unix(1700000000, 0).UTC(), WrittenAt: time.Unix(1700000001, 0).UTC(), Epoch: 12}
 	b, err := in.MarshalJSON()
 	if err != nil {
 		t.Fatal(err)
 	}
 	out, err := ParseCheckpoint(b)
-	if err != nil || *out != in {
+	if err != nil || !reflect.DeepEqual(*out, in) {
 		t.Fatalf("round trip of %s: %+v, %v", b, out, err)
 	}
 }

@@ -164,19 +164,62 @@ func resetCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id I
 	if prev != nil {
 		cp.MaxOutboxID, cp.Generation = prev.MaxOutboxID, prev.Generation
 	}
-	return WriteCheckpoint(ctx, prod, cfg, id, cp)
+	if err := writeCheckpoint(ctx, prod, cfg, id, cp); err != nil {
+		return fmt.Errorf("publisher: reset the checkpoint to %s: %w", cp.EndLSN, err)
+	}
+	return nil
 }
 
-// WriteCheckpoint writes cp as id's checkpoint and waits for it (and, in
-// exactly-once mode, commits it, so prod must be Transactional then):
-// outboxd checkpoint reset.
+// WriteCheckpoint writes cp as id's checkpoint in an epoch of its own, above
+// every epoch before it (a read barrier first: the epoch is one past its
+// offset, as a session's), and waits for it (and, in exactly-once mode,
+// commits it, so prod must be Transactional then): outboxd checkpoint reset.
 func WriteCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id Identity, cp Checkpoint) error {
+	_, epoch, err := writeReadBarrier(ctx, prod, cfg, id)
+	if err != nil {
+		return err
+	}
+	id.Epoch = epoch
+	if err := writeCheckpoint(ctx, prod, cfg, id, cp); err != nil {
+		return fmt.Errorf("publisher: reset the checkpoint to %s: %w", cp.EndLSN, err)
+	}
+	return nil
+}
+
+// writeCheckpoint writes cp as id's checkpoint in id's epoch, waits for it
+// and, in exactly-once mode, commits it.
+func writeCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id Identity, cp Checkpoint) error {
 	r, err := checkpointRecord(cfg.CheckpointTopic, id, cp)
 	if err != nil {
 		return err
 	}
-	if err := writeCommitted(ctx, prod, cfg, r); err != nil {
-		return fmt.Errorf("publisher: reset the checkpoint to %s: %w", cp.EndLSN, err)
+	return writeCommitted(ctx, prod, cfg, r)
+}
+
+// takeEpoch makes the session's epoch hold the checkpoint it starts from
+// (unless it was written there already), then tombstones the identity's
+// keys of earlier epochs, so that the topic keeps about one record per
+// identity. In that order: until the new epoch holds a record, the earlier
+// ones are the checkpoint. A paused earlier owner may still write under its
+// own key afterwards; the reader ignores it (a lower epoch), and the next
+// session tombstones it again.
+func takeEpoch(ctx context.Context, prod outbox.Producer, cfg Config, id Identity, cp *Checkpoint, written bool, keys []string) error {
+	if !written {
+		if err := writeCheckpoint(ctx, prod, cfg, id, *cp); err != nil {
+			return fmt.Errorf("publisher: write the checkpoint %s in this session's epoch %d: %w", cp.EndLSN, id.Epoch, err)
+		}
+	}
+	var tombs []*kafka.Record
+	for _, k := range keys {
+		if _, e, ok := SplitCheckpointKey(k); ok && e < id.Epoch {
+			tombs = append(tombs, &kafka.Record{Topic: cfg.CheckpointTopic, Key: []byte(k), Timestamp: time.Now()})
+		}
+	}
+	if len(tombs) == 0 {
+		return nil
+	}
+	if err := writeCommitted(ctx, prod, cfg, tombs...); err != nil {
+		return fmt.Errorf("publisher: tombstone the checkpoints of earlier epochs in %q: %w", cfg.CheckpointTopic, err)
 	}
 	return nil
 }
@@ -190,17 +233,21 @@ func WriteCheckpoint(ctx context.Context, prod outbox.Producer, cfg Config, id I
 // checkpoint (a halt) or re-publish what Kafka holds. The barrier was taken
 // by a real leader (acks=all), so a log that holds it holds every
 // checkpoint before it. A tombstone: no reader ever takes it for a value.
-func writeReadBarrier(ctx context.Context, prod outbox.Producer, cfg Config, id Identity) ([]kafka.Barrier, error) {
+//
+// It also returns the session's epoch, one past the barrier's offset
+// (Identity.Epoch): the topic has one partition, so a barrier written later
+// has a higher offset.
+func writeReadBarrier(ctx context.Context, prod outbox.Producer, cfg Config, id Identity) ([]kafka.Barrier, int64, error) {
 	r := &kafka.Record{Topic: cfg.CheckpointTopic, Key: []byte(id.Key() + "/read-barrier"), Timestamp: time.Now()}
 	if err := writeCommitted(ctx, prod, cfg, r); err != nil {
-		return nil, fmt.Errorf("publisher: write the checkpoint read barrier to %q: %w", cfg.CheckpointTopic, err)
+		return nil, 0, fmt.Errorf("publisher: write the checkpoint read barrier to %q: %w", cfg.CheckpointTopic, err)
 	}
-	return []kafka.Barrier{{Partition: r.Partition, Offset: r.Offset}}, nil
+	return []kafka.Barrier{{Partition: r.Partition, Offset: r.Offset}}, r.Offset + 1, nil
 }
 
-// writeCommitted sends r, waits for its acknowledgement and, in exactly-once
-// mode, commits it (prod must be Transactional then).
-func writeCommitted(ctx context.Context, prod outbox.Producer, cfg Config, r *kafka.Record) error {
+// writeCommitted sends rs, waits for their acknowledgements and, in
+// exactly-once mode, commits them (prod must be Transactional then).
+func writeCommitted(ctx context.Context, prod outbox.Producer, cfg Config, rs ...*kafka.Record) error {
 	var tp Transactional
 	if cfg.Delivery == ExactlyOnce {
 		var ok bool
@@ -208,19 +255,27 @@ func writeCommitted(ctx context.Context, prod outbox.Producer, cfg Config, r *ka
 			return fmt.Errorf("publisher: exactly-once checkpoints need a transactional producer (Commit, Abort), got %T", prod)
 		}
 	}
-	done := make(chan *kafka.Record, 1)
-	r.Done = done
-	r.Urgent = true // waited on alone: the linger would only delay it
-	if err := prod.Send(ctx, r); err != nil {
-		return err
-	}
-	select {
-	case r := <-done:
-		if r.Err != nil {
-			return r.Err
+	done := make(chan *kafka.Record, len(rs))
+	for _, r := range rs {
+		r.Done = done
+		r.Urgent = true // waited on alone: the linger would only delay it
+		if err := prod.Send(ctx, r); err != nil {
+			return err
 		}
-	case <-ctx.Done():
-		return ctx.Err()
+	}
+	var failed error
+	for range rs {
+		select {
+		case r := <-done:
+			if r.Err != nil && failed == nil {
+				failed = r.Err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if failed != nil {
+		return failed
 	}
 	if tp != nil {
 		if err := tp.Commit(ctx); err != nil {

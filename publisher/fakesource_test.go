@@ -128,6 +128,18 @@ func (s *fakeServer) seenBy(session int) []pglogrepl.LSN {
 	return slices.Clone(s.seen[session])
 }
 
+// holder is Deps.ReadSlotHolder: the slot belongs to the walsender of the
+// source opened last (BackendPID 100 + its session), as a takeover leaves
+// it; 0 before any.
+func (s *fakeServer) holder(context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions == 0 {
+		return 0, nil
+	}
+	return 100 + s.sessions - 1, nil
+}
+
 func (s *fakeServer) numOpens() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

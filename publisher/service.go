@@ -48,6 +48,12 @@ type Deps struct {
 	// barrier to the checkpoint topic first (writeReadBarrier) and passes
 	// where it landed: the read must reach past it (kafka.ReadCompacted).
 	ReadCheckpoint func(ctx context.Context, id Identity, barrier []kafka.Barrier) (*Checkpoint, error)
+	// ReadSlotHolder, when set, returns the server process holding the
+	// slot (0: none). A session with checkpoints asks it once its read
+	// barrier was acknowledged: only while the slot is still its own
+	// walsender's (Source.BackendPID) is the barrier's offset its epoch
+	// (Identity.Epoch), below every later owner's.
+	ReadSlotHolder func(ctx context.Context) (pid int, err error)
 	// EnsureCheckpointTopic, when set, creates the checkpoint topic when it
 	// is missing, before the session writes its read barrier there.
 	EnsureCheckpointTopic func() error
@@ -280,11 +286,26 @@ func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Pro
 			return nil, fmt.Errorf("%w: %w", errProducerOpen, err)
 		}
 	}
-	barrier, err := writeReadBarrier(ctx, prod, s.cfg, id)
+	barrier, epoch, err := writeReadBarrier(ctx, prod, s.cfg, id)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errProducerOpen, err)
 	}
+	// The session's epoch: every record it writes to the checkpoint topic
+	// is under it, and readers take the highest. It holds only if no one
+	// took the slot over before the barrier landed — an instance paused
+	// between START_REPLICATION and the barrier's acknowledgement, whose
+	// walsender ended meanwhile, would otherwise write under an epoch above
+	// the new owner's. Past this check, any later owner's barrier, written
+	// once it holds the slot, lands after this one.
+	if err := s.checkSlotHolder(ctx, src); err != nil {
+		return nil, err
+	}
+	id.Epoch = epoch
 	c, err := s.deps.ReadCheckpoint(ctx, id, barrier)
+	var keys []string // the identity's keys the read found, to tombstone
+	if c != nil {
+		keys = c.keys
+	}
 	if err == nil && c != nil && c.DatabaseOID != 0 && id.DatabaseOID != 0 && c.DatabaseOID != id.DatabaseOID {
 		// A database of that name was dropped and created anew: its
 		// outbox is another one, and the checkpoint is history.
@@ -306,6 +327,7 @@ func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Pro
 	if err == nil {
 		err = checkGap(c, id, src.StartLSN(), s.cfg.CheckpointTopic)
 	}
+	written := false // the session's epoch holds c
 	if errors.Is(err, ErrGap) && s.cfg.AcceptGap {
 		// Accepted once: the checkpoint starts over at the slot, so
 		// later sessions check against it again.
@@ -314,6 +336,7 @@ func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Pro
 		c = &Checkpoint{EndLSN: src.StartLSN(), MaxOutboxID: c.MaxOutboxID, Generation: c.Generation}
 		if err == nil {
 			s.cfg.AcceptGap = false
+			written = true
 		}
 	}
 	if err != nil {
@@ -321,6 +344,11 @@ func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Pro
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: read checkpoint: %w", errProducerOpen, err)
+	}
+	if c != nil {
+		if err := takeEpoch(ctx, prod, s.cfg, id, c, written, keys); err != nil {
+			return nil, fmt.Errorf("%w: %w", errProducerOpen, err)
+		}
 	}
 	if c != nil && c.EndLSN > src.StartLSN() {
 		s.log.Info("resuming from the checkpoint: transactions before it are in Kafka already and are skipped",
@@ -332,6 +360,35 @@ func (s *Service) checkpointing(ctx context.Context, src Source, prod outbox.Pro
 	}
 	s.newSlot = false
 	return cp, nil
+}
+
+// ErrSlotTakenOver means another process took the slot over while this
+// session set up: it was paused (a stop signal, a long GC, a frozen VM)
+// past wal_sender_timeout, and the server ended its walsender. The session
+// writes nothing under its epoch and restarts — a standby while the other
+// holds the slot.
+var ErrSlotTakenOver = errors.New("the slot was taken over while this session set up")
+
+// checkSlotHolder checks that the slot is still held by the session's own
+// walsender (Deps.ReadSlotHolder). A failed read is a restart too: the
+// epoch is not proven.
+func (s *Service) checkSlotHolder(ctx context.Context, src Source) error {
+	if s.deps.ReadSlotHolder == nil {
+		return nil
+	}
+	pid, err := s.deps.ReadSlotHolder(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: check that the slot is still this session's after the checkpoint read barrier: %w", errSourceOpen, err)
+	}
+	if own := src.BackendPID(); pid != own {
+		holder := fmt.Sprintf("held by server process %d", pid)
+		if pid == 0 {
+			holder = "held by no process"
+		}
+		return fmt.Errorf("%w: %w: replication slot %q is %s, not by this session's walsender (process %d): this instance was paused past wal_sender_timeout and another took the slot over; writing no checkpoint and starting again (a standby while the other holds it)",
+			errSourceOpen, ErrSlotTakenOver, src.Slot(), holder, own)
+	}
+	return nil
 }
 
 // checkHistory reads the server's history and checks the checkpoint is on
@@ -362,7 +419,7 @@ func (s *Service) recordRefusal(ctx context.Context, prod outbox.Producer, id Id
 	cp := e.Checkpoint
 	cp.Refused = e.Error()
 	id.Timeline = cp.Timeline
-	return WriteCheckpoint(ctx, prod, s.cfg, id, cp)
+	return writeCheckpoint(ctx, prod, s.cfg, id, cp)
 }
 
 // drainResults waits for a closed producer to hand back what it had in

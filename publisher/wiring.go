@@ -84,6 +84,7 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 			return c, err
 		}
 		deps.EnsureCheckpointTopic = func() error { return kafka.EnsureCompactedTopic(kcfg, topic) }
+		deps.ReadSlotHolder = func(ctx context.Context) (int, error) { return replication.ReadSlotHolder(ctx, w.Stream) }
 		deps.ReadHistory = func(ctx context.Context) (*replication.History, error) {
 			return replication.ReadServerHistory(ctx, w.Stream)
 		}
@@ -98,8 +99,9 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 }
 
 // ReadCheckpoint reads id's checkpoint from the compacted topic (nil when
-// there is none), creating the topic when it is missing; past barrier, when
-// given (see kafka.ReadCompacted).
+// there is none): the latest of its highest epoch (PickCheckpoint). It
+// creates the topic when it is missing, and reads past barrier, when given
+// (see kafka.ReadCompacted).
 func ReadCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id Identity, barrier ...kafka.Barrier) (*Checkpoint, error) {
 	if err := kafka.EnsureCompactedTopic(kcfg, topic); err != nil {
 		return nil, err
@@ -109,13 +111,9 @@ func ReadCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id Ide
 
 // readCheckpoint is ReadCheckpoint on a topic that exists.
 func readCheckpoint(ctx context.Context, kcfg kafka.Config, topic string, id Identity, barrier ...kafka.Barrier) (*Checkpoint, error) {
-	all, err := kafka.ReadCompacted(ctx, kcfg, topic, barrier...)
+	all, err := kafka.ReadCompactedRecords(ctx, kcfg, topic, barrier...)
 	if err != nil {
 		return nil, err
 	}
-	v, ok := all[id.Key()]
-	if !ok {
-		return nil, nil
-	}
-	return ParseCheckpoint(v)
+	return PickCheckpoint(all, id.Key())
 }

@@ -89,6 +89,10 @@ func (s *Stream) quoteLiteral(v string) (string, error) {
 	return "'" + q + "'", nil
 }
 
+// slotQuery reads a slot's row, the slot name's literal appended: plugin,
+// active, active_pid, confirmed_flush_lsn, wal_status, datoid.
+const slotQuery = "SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0'), coalesce(wal_status, ''), coalesce(datoid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = "
+
 func (s *Stream) startReplication(ctx context.Context) error {
 	slotLit, err := s.quoteLiteral(s.cfg.Slot)
 	if err != nil {
@@ -103,8 +107,7 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	if s.system, err = pglogrepl.IdentifySystem(ctx, s.conn); err != nil {
 		return fmt.Errorf("replication: identify system: %w", err)
 	}
-	res := s.conn.Exec(ctx,
-		"SELECT plugin, active, coalesce(active_pid, 0), coalesce(confirmed_flush_lsn::text, '0/0'), coalesce(wal_status, ''), coalesce(datoid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = "+slotLit)
+	res := s.conn.Exec(ctx, slotQuery+slotLit)
 	rows, err := res.ReadAll()
 	if err != nil {
 		return fmt.Errorf("replication: read slot %q: %w", s.cfg.Slot, err)

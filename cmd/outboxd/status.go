@@ -33,10 +33,13 @@ type statusReport struct {
 
 // statusCheckpoint is outboxd's checkpoint of the slot, read from Kafka.
 type statusCheckpoint struct {
-	Topic     string `json:"topic"`
-	Found     bool   `json:"found"`
-	EndLSN    string `json:"end_lsn,omitempty"`
-	SystemID  string `json:"system_id,omitempty"`
+	Topic    string `json:"topic"`
+	Found    bool   `json:"found"`
+	EndLSN   string `json:"end_lsn,omitempty"`
+	SystemID string `json:"system_id,omitempty"`
+	// Epoch is the epoch of the session that wrote it (0: written before
+	// epochs): the highest is read, whatever arrived last.
+	Epoch     int64  `json:"epoch,omitempty"`
 	WrittenAt string `json:"written_at,omitempty"`
 	// ReadTime is how long reading the topic to its high watermark took:
 	// long when other producers' open transactions held it.
@@ -203,21 +206,28 @@ func buildStatus(ctx context.Context, conn *pgx.Conn, cfg slot.Config, lim statu
 // system) and flags a slot ahead of it, as outboxd run would refuse it.
 func addCheckpoint(ctx context.Context, rep *statusReport, k kafka.Config, topic, slotName string) error {
 	start := time.Now()
-	all, err := kafka.ReadCompacted(ctx, k, topic)
+	all, err := kafka.ReadCompactedRecords(ctx, k, topic)
 	if err != nil {
 		return fmt.Errorf("status: read the checkpoint topic %q: %w", topic, err)
 	}
 	rep.Checkpoint = &statusCheckpoint{Topic: topic, ReadTime: time.Since(start).Round(time.Millisecond).String()}
+	// Every system's key of this database and slot, each read as outboxd
+	// run reads its own: the latest record of the highest epoch.
 	suffix := "/" + rep.Slot.Database + "/" + slotName
-	for key, v := range all {
-		if !strings.HasSuffix(key, suffix) {
-			continue
+	var bases []string
+	for key := range all {
+		if base, _, ok := publisher.SplitCheckpointKey(key); ok && strings.HasSuffix(base, suffix) && !slices.Contains(bases, base) {
+			bases = append(bases, base)
 		}
-		cp, err := publisher.ParseCheckpoint(v)
+	}
+	slices.Sort(bases)
+	for _, base := range bases {
+		cp, err := publisher.PickCheckpoint(all, base)
 		if err != nil {
-			return fmt.Errorf("status: checkpoint %q: %w", key, err)
+			return fmt.Errorf("status: %w", err)
 		}
 		rep.Checkpoint.Found, rep.Checkpoint.EndLSN, rep.Checkpoint.SystemID = true, cp.EndLSN.String(), cp.SystemID
+		rep.Checkpoint.Epoch = cp.Epoch
 		rep.Checkpoint.WrittenAt = cp.WrittenAt.Format("2006-01-02T15:04:05Z07:00")
 		if confirmed, err := pglogrepl.ParseLSN(rep.Slot.ConfirmedFlushLSN); err == nil && rep.Slot.Exists && confirmed > cp.EndLSN {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("slot %q is confirmed at %s, ahead of outboxd's checkpoint %s: outboxd run will refuse this gap (see --accept-gap)",
@@ -268,7 +278,7 @@ func printStatus(w io.Writer, rep statusReport) error {
 	row("publication", pub)
 	if c := rep.Checkpoint; c != nil {
 		if c.Found {
-			row("checkpoint", fmt.Sprintf("%s (written %s, topic %s, read in %s)", c.EndLSN, c.WrittenAt, c.Topic, c.ReadTime))
+			row("checkpoint", fmt.Sprintf("%s (written %s, epoch %d, topic %s, read in %s)", c.EndLSN, c.WrittenAt, c.Epoch, c.Topic, c.ReadTime))
 		} else {
 			row("checkpoint", fmt.Sprintf("none in %s (read in %s)", c.Topic, c.ReadTime))
 		}
