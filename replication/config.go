@@ -33,6 +33,11 @@ type StreamConfig struct {
 	// replication.
 	ConnectTimeout time.Duration
 	Decoder        DecoderConfig
+	// OnForeignMessage, when set, is called for each logical decoding
+	// message with another prefix than outboxd's, whose content the stream
+	// drops unread as it arrives (see frameFilter): for a metric. It runs
+	// on the goroutine reading the connection and must not block.
+	OnForeignMessage func(ForeignMessage)
 }
 
 // DefaultStreamConfig returns the defaults: slot and publication "outboxd",
