@@ -151,12 +151,13 @@ func drain(t testing.TB, f *frameFilter, sizes []int) ([]byte, error) {
 	var out []byte
 	timeouts := 0
 	src, _ := f.r.(*chunked)
+	buf := make([]byte, 1<<16)
 	for i := 0; ; i++ {
-		n := 1 << 16
+		n := len(buf)
 		if len(sizes) > 0 {
-			n = max(1, sizes[i%len(sizes)])
+			n = min(n, max(1, sizes[i%len(sizes)]))
 		}
-		p := make([]byte, n)
+		p := buf[:n]
 		k, err := f.Read(p)
 		out = append(out, p[:k]...)
 		if errors.Is(err, errTimeout) {
