@@ -104,30 +104,32 @@ func newFrameFilter(r io.Reader, own string, onDrop func(ForeignMessage)) *frame
 		hold: make([]byte, 0, 5+msgPrefOff+maxForeignPrefix+1+4)}
 }
 
-// Read implements io.Reader.
+// Read implements io.Reader. It fills p as far as the input already read
+// allows, and reads from the source only when it has nothing for p.
 func (f *frameFilter) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	for {
+	n := 0
+	for n < len(p) {
 		if len(f.out) > 0 {
-			n := copy(p, f.out)
-			f.out = f.out[n:]
-			return n, nil
+			k := copy(p[n:], f.out)
+			f.out = f.out[k:]
+			n += k
+			continue
 		}
 		if f.err != nil {
-			return 0, f.err
+			break
 		}
 		if len(f.in) > 0 {
 			before := len(f.in)
-			if n := f.step(p); n > 0 {
-				return n, nil
-			}
-			if len(f.in) == before && len(f.out) == 0 && f.err == nil {
+			k := f.step(p[n:])
+			n += k
+			if k == 0 && len(f.in) == before && len(f.out) == 0 && f.err == nil {
 				// A state that waits for input it cannot take would spin.
 				f.err = fmt.Errorf("replication: frame filter stuck in state %d: a bug in outboxd; the session restarts", f.state)
 			}
 			continue
+		}
+		if n > 0 {
+			return n, nil // what there is, rather than wait for more
 		}
 		if err := f.rerr; err != nil {
 			// Once, not sticky: a read deadline's timeout belongs to that
@@ -137,19 +139,23 @@ func (f *frameFilter) Read(p []byte) (int, error) {
 		}
 		if f.state == statePass {
 			// Nothing to look at: read straight into p.
-			n, err := f.r.Read(p[:min(int64(len(p)), f.left)])
-			f.left -= int64(n)
+			k, err := f.r.Read(p[:min(int64(len(p)), f.left)])
+			f.left -= int64(k)
 			if f.left == 0 {
 				f.state = stateHead
 			}
-			if n > 0 || err != nil {
-				return n, err
+			if k > 0 || err != nil {
+				return k, err
 			}
 			continue
 		}
-		n, err := f.r.Read(f.buf)
-		f.in, f.rerr = f.buf[:n], err
+		k, err := f.r.Read(f.buf)
+		f.in, f.rerr = f.buf[:k], err
 	}
+	if n == 0 && f.err != nil {
+		return 0, f.err
+	}
+	return n, nil
 }
 
 // step consumes input in the current state and returns the bytes it
