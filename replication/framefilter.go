@@ -66,7 +66,9 @@ const (
 // content. Anyone who can execute pg_logical_emit_message (PUBLIC by
 // default) can put such a message of up to 1 GB into the stream, and
 // pgconn reads every message whole into memory before the decoder sees its
-// prefix.
+// prefix. Messages with outboxd's own prefix pass whole: their MAC covers
+// the whole content, so they are still read whole (a known gap, see
+// docs/guarantees.md).
 //
 // It holds at most a message's header and its first bytes (up to the
 // prefix and content length), so its memory does not depend on what it
