@@ -22,6 +22,11 @@ type Metrics struct {
 	// RejectedMessages counts logical decoding messages with outboxd's
 	// prefix that outbox_emit did not provably write (see publisher/rejected.go).
 	RejectedMessages *prometheus.CounterVec
+	// ForeignMessages and ForeignMessageBytes count the logical decoding
+	// messages with another prefix whose content the replication stream
+	// dropped unread (replication.ForeignMessage), and their content bytes.
+	ForeignMessages     prometheus.Counter
+	ForeignMessageBytes prometheus.Counter
 	// BadEvents counts events that cannot become a record (see publisher/badevent.go).
 	BadEvents      *prometheus.CounterVec
 	InFlightEvents prometheus.Gauge
@@ -120,6 +125,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		RejectedMessages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_rejected_messages_total", Help: "Logical decoding messages with outboxd's prefix not proven to come from outbox_emit (bad or missing MAC, not transactional, malformed): skipped, never published.",
 		}, []string{"reason"}),
+		ForeignMessages: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_foreign_messages_total", Help: "Logical decoding messages with another prefix than outboxd's: their content was dropped unread as it arrived.",
+		}),
+		ForeignMessageBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outboxd_foreign_message_bytes_total", Help: "Content bytes of the logical decoding messages with another prefix than outboxd's, dropped unread.",
+		}),
 		BadEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outboxd_bad_events_total", Help: "Outbox rows and messages that cannot become a record (NULL value, bad headers, ...), by what happened: dead_lettered or halted.",
 		}, []string{"outcome"}),
@@ -209,7 +220,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.SlotWALStatus.WithLabelValues(ws)
 	}
 	if reg != nil {
-		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered, m.RejectedMessages, m.BadEvents,
+		reg.MustRegister(m.Published, m.PublishedBytes, m.ProduceErrors, m.DeadLettered, m.RejectedMessages, m.ForeignMessages, m.ForeignMessageBytes, m.BadEvents,
 			m.InFlightEvents, m.InFlightBytes, m.ConfirmedLSN, m.ReceivedLSN, m.CommitToAck, m.CommitToReceive,
 			m.Restarts, m.Standby, m.ServerWALLSN, m.LagBytes, m.SlotRetainedWALBytes,
 			m.SlotPolls, m.LagSeconds, m.ProduceRetries, m.ProduceRecovery, m.StalledSeconds,

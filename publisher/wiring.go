@@ -47,12 +47,17 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
 	cfg.MaxRecordBytes = kcfg.MaxMessageBytes
 	hooks := kafka.ProducerHooks{}
+	stream := w.Stream
 	if m != nil {
 		hooks = m.ProducerHooks()
+		stream.OnForeignMessage = func(f replication.ForeignMessage) {
+			m.ForeignMessages.Inc()
+			m.ForeignMessageBytes.Add(float64(f.Size))
+		}
 	}
 	deps := Deps{
 		OpenSource: func(ctx context.Context) (Source, error) {
-			return replication.Open(ctx, w.Stream, log.Named("replication"))
+			return replication.Open(ctx, stream, log.Named("replication"))
 		},
 		NewProducer: func(id Identity) (outbox.Producer, error) {
 			c := kcfg

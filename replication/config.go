@@ -39,6 +39,11 @@ type StreamConfig struct {
 	// status update with the flush position it confirmed to the server:
 	// what the slot's confirmed_flush_lsn becomes. It must not block.
 	OnConfirm func(flush pglogrepl.LSN)
+	// OnForeignMessage, when set, is called for each logical decoding
+	// message with another prefix than outboxd's, whose content the stream
+	// drops unread as it arrives (see frameFilter): for a metric. It runs
+	// on the goroutine reading the connection and must not block.
+	OnForeignMessage func(ForeignMessage)
 }
 
 // DefaultStreamConfig returns the defaults: slot and publication "outboxd",

@@ -11,7 +11,10 @@
 //     for an Insert it allocates the Event's own fields and nothing else.
 //   - The stream, which owns the replication connection: it starts
 //     replication from a slot, feeds the messages it receives to a Decoder,
-//     and confirms positions back to the server.
+//     and confirms positions back to the server. Between the socket (after
+//     TLS) and pgconn a frame filter drops the content of logical decoding
+//     messages with another prefix than outboxd's as it arrives, so that
+//     no such message, of whatever size, is ever held in memory.
 //
 // The position to confirm to the server is a transaction's Commit.EndLSN,
 // and only once every Event of that transaction is durable downstream.

@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 	"go.uber.org/zap"
 )
 
@@ -42,6 +45,15 @@ func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, erro
 	pcfg.RuntimeParams["TimeZone"] = "UTC"
 	if pcfg.RuntimeParams["application_name"] == "" {
 		pcfg.RuntimeParams["application_name"] = "outboxd"
+	}
+	// The frame filter reads what TLS decrypted (pgconn hands BuildFrontend
+	// the connection after TLS) and leaves the net.Conn itself alone:
+	// wrapping it instead (AfterNetConnect) would hide the *tls.Conn from
+	// SCRAM's channel binding.
+	foreign := newForeignLog(log, cfg.OnForeignMessage)
+	build := pcfg.BuildFrontend
+	pcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return build(newFrameFilter(r, MessagePrefix, foreign.note), w)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
@@ -203,4 +215,58 @@ func (s *Stream) Close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	_ = s.conn.Close(ctx)
+}
+
+// bigForeign is the content size from which a foreign message is worth a
+// warning: a stranger's large message is what the frame filter is for.
+// Smaller ones, which other tools using logical messages write, are logged
+// at debug level only.
+const bigForeign = 1 << 20
+
+// foreignLogEvery bounds how often a large foreign message is warned about.
+const foreignLogEvery = 10 * time.Second
+
+// foreignLog tells about the foreign logical decoding messages whose
+// content a session's frame filter dropped.
+type foreignLog struct {
+	log  *zap.Logger
+	hook func(ForeignMessage) // nil: none
+
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int   // large ones not warned about since last
+	dropped    int64 // bytes of those
+}
+
+func newForeignLog(log *zap.Logger, hook func(ForeignMessage)) *foreignLog {
+	return &foreignLog{log: log, hook: hook}
+}
+
+func (l *foreignLog) note(m ForeignMessage) {
+	if l.hook != nil {
+		l.hook(m)
+	}
+	fields := []zap.Field{zap.Stringer("lsn", m.LSN), zap.String("prefix", m.Prefix), zap.Bool("prefix_cut", m.PrefixCut),
+		zap.Int64("bytes", m.Size), zap.Bool("transactional", m.Transactional)}
+	if m.Size < bigForeign {
+		if ce := l.log.Check(zap.DebugLevel, "dropped the content of a logical decoding message with another prefix than outboxd's"); ce != nil {
+			ce.Write(fields...)
+		}
+		return
+	}
+	l.mu.Lock()
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < foreignLogEvery {
+		l.suppressed++
+		l.dropped += m.Size
+		l.mu.Unlock()
+		return
+	}
+	n, b := l.suppressed, l.dropped
+	l.last, l.suppressed, l.dropped = now, 0, 0
+	l.mu.Unlock()
+	if n > 0 {
+		fields = append(fields, zap.Int("suppressed_since_last", n), zap.Int64("suppressed_bytes", b))
+	}
+	l.log.Warn("dropped unread, as it arrived, the content of a large logical decoding message with another prefix than outboxd's: some role emitted it with pg_logical_emit_message; outboxd never holds it in memory (see outboxd_foreign_messages_total)", fields...)
 }

@@ -10,9 +10,12 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
@@ -193,4 +196,72 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A role that may execute pg_logical_emit_message (PUBLIC, on managed
+// servers) emits a 200 MB message with another prefix between outbox rows,
+// in one of their transactions and in one of its own: outboxd publishes
+// every row, stays within the memory bound of a 16 MiB budget, and counts
+// the message with its size. Before the replication stream's frame filter
+// pgconn read each message whole: 900 MB took outboxd to 928 MiB RSS, and
+// in a container smaller than that it was killed and restarted at the
+// same position for good.
+func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
+	t.Parallel()
+	const size = 200_000_000
+	e := newEnv(t, 1)
+	const budget = 16 << 20
+	d := e.startNoRace("--max-in-flight-bytes", strconv.Itoa(budget), "--metrics-addr", "127.0.0.1:0")
+	m := metricsAddrLog.FindStringSubmatch(d.out.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log:\n%s", d.out.String())
+	}
+	base := "http://" + m[1]
+	c := e.conn()
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	insert := `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int))`
+	if _, err := c.Exec(ctx, insert, e.topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, insert, e.topic, 2); err != nil {
+			return err
+		}
+		// repeat() runs in the server: the test process holds none of it.
+		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'stranger', repeat('x', $1))`, size); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, insert, e.topic, 3)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(false, 'stranger', repeat('y', $1))`, size); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, insert, e.topic, 4); err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(3 * time.Minute)
+	peak := d.peakRSS()
+	bound := int64(memK*budget + memOverhead)
+	got := scrape(t, base)
+	t.Logf("2 foreign messages of %d MB between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB); %s; foreign messages %v, bytes %v",
+		size/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got["outboxd_foreign_messages_total"], got["outboxd_foreign_message_bytes_total"])
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != 4 {
+		t.Fatalf("rows around the foreign messages: %s (%d rows)", v, n)
+	}
+	if peak > bound {
+		t.Errorf("peak RSS %d MiB > %d × budget + %d MiB = %d MiB: a foreign message's content was held", peak>>20, memK, memOverhead>>20, bound>>20)
+	}
+	if got["outboxd_foreign_messages_total"] != 2 || got["outboxd_foreign_message_bytes_total"] != 2*size {
+		t.Errorf("outboxd_foreign_messages_total %v, outboxd_foreign_message_bytes_total %v; want 2 and %d",
+			got["outboxd_foreign_messages_total"], got["outboxd_foreign_message_bytes_total"], 2*size)
+	}
+	if !strings.Contains(d.out.String(), `"prefix": "stranger"`) || !strings.Contains(d.out.String(), `"bytes": 200000000`) {
+		t.Errorf("no warning naming the foreign message's prefix and size:\n%s", d.p.Tail(20))
+	}
+	d.stop()
 }
