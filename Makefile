@@ -63,9 +63,10 @@ lint:
 ## down on every exit path (the EXIT trap), and make still fails when vet or a
 ## test fails: the recipe exits with the first failing group's status.
 ## The end-to-end tests mostly wait (on servers, on faults that last), so
-## more of them run at once than the machine has cores, and the three groups
+## more of them run at once than the machine has cores, and the four groups
 ## — outboxd's module, bench/'s, the PostgreSQL 17 core tests on a server of
-## their own — run side by side; the last two print their output when done.
+## their own, the 3-broker tests (e2e-clusters) — run side by side; the last
+## three print their output when done.
 TEST_PARALLEL ?= 4
 test: deps lint
 	@set -uo pipefail; \
@@ -73,22 +74,42 @@ test: deps lint
 	$(STACK) up || exit 1; \
 	set -a; source ./.devstack.env; set +a; \
 	began=$$SECONDS; \
+	echo "make e2e-clusters > .cache/test-clusters.log"; \
+	$(MAKE) --no-print-directory e2e-clusters > .cache/test-clusters.log 2>&1 & clusters=$$!; \
 	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick) > .cache/test-bench.log"; \
 	$(GO) test -C bench -race -count=1 -timeout 15m ./... > .cache/test-bench.log 2>&1 & bench=$$!; \
 	echo "make e2e-pg17 > .cache/test-pg17.log"; \
 	$(MAKE) --no-print-directory e2e-pg17 > .cache/test-pg17.log 2>&1 & pg17=$$!; \
-	echo "go test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m ./... (timings: make test-times)"; \
+	echo "go test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m -skip '$(E2E_CLUSTERS)' ./... (timings: make test-times)"; \
 	: > .cache/test-cpu.txt; \
 	CPUTIME_FILE=$$PWD/.cache/test-cpu.txt $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m \
-		-json -exec $$PWD/dev/cputime ./... 2>&1 | $(GO) run ./dev/testtimes -echo -save .cache/test-times.json; \
+		-skip '$(E2E_CLUSTERS)' -json -exec $$PWD/dev/cputime ./... 2>&1 | $(GO) run ./dev/testtimes -echo -save .cache/test-times.json; \
 	main=$$?; \
 	echo "outboxd's module: exit $$main after $$((SECONDS - began)) s"; \
 	$(MAKE) --no-print-directory test-times; \
+	wait $$clusters; clustersrc=$$?; cat .cache/test-clusters.log; \
+	echo "3-broker tests: exit $$clustersrc after $$((SECONDS - began)) s"; \
 	wait $$bench; benchrc=$$?; cat .cache/test-bench.log; \
 	echo "bench/: exit $$benchrc after $$((SECONDS - began)) s"; \
 	wait $$pg17; pg17rc=$$?; cat .cache/test-pg17.log; \
 	echo "PostgreSQL 17 core tests: exit $$pg17rc after $$((SECONDS - began)) s"; \
-	for rc in $$main $$benchrc $$pg17rc; do [ "$$rc" = 0 ] || exit "$$rc"; done
+	for rc in $$main $$clustersrc $$benchrc $$pg17rc; do [ "$$rc" = 0 ] || exit "$$rc"; done
+
+## e2e-clusters: cmd/outboxd's two 3-broker tests (each on a private 3-node
+## cluster: broker faults, and many deployments on one cluster), the longest
+## of the package; make test runs them as a group of their own from its
+## start. In the package's pool of -parallel slots they started whenever Go
+## released them — it releases paused parallel tests in an order of its own
+## (the first declared, then the others last-declared first), and
+## TestClusterFaults came 85th of 88: its 7 minutes were the package's tail.
+## Needs the dev stack (make up).
+E2E_CLUSTERS := ^(TestClusterFaults|TestSharedCluster)$$
+.PHONY: e2e-clusters
+e2e-clusters:
+	@set -euo pipefail; \
+	set -a; source ./.devstack.env; set +a; \
+	echo "go test (3-broker tests) -run '$(E2E_CLUSTERS)' ./cmd/outboxd/"; \
+	$(GO) test -race -count=1 -timeout 20m -run '$(E2E_CLUSTERS)' ./cmd/outboxd/
 
 ## test-times: where the last make test's time went — the slowest packages
 ## (wall and CPU) and tests, from its go test -json output

@@ -76,6 +76,10 @@ func read(r io.Reader, echo io.Writer) (pkgs, tests []timing, err error) {
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	var first time.Time
 	started := map[string]time.Duration{}
+	// A parallel test runs from its last "cont" (Go released it from the
+	// pool of -parallel slots), not from its "run": when it began says
+	// whether it could end the package.
+	began := map[string]time.Duration{}
 	for sc.Scan() {
 		var e event
 		if json.Unmarshal(sc.Bytes(), &e) != nil {
@@ -93,6 +97,9 @@ func read(r io.Reader, echo io.Writer) (pkgs, tests []timing, err error) {
 		if _, ok := started[e.Package]; !ok && !e.Time.IsZero() {
 			started[e.Package] = e.Time.Sub(first)
 		}
+		if (e.Action == "run" || e.Action == "cont") && e.Test != "" && !e.Time.IsZero() {
+			began[e.Package+"\x00"+e.Test] = e.Time.Sub(first)
+		}
 		if e.Action != "pass" && e.Action != "fail" {
 			continue
 		}
@@ -107,6 +114,10 @@ func read(r io.Reader, echo io.Writer) (pkgs, tests []timing, err error) {
 			pkgs = append(pkgs, t)
 		case !strings.Contains(e.Test, "/"):
 			t.name = shortPkg(e.Package) + "." + e.Test
+			t.start = began[e.Package+"\x00"+e.Test]
+			if !e.Time.IsZero() {
+				t.end = e.Time.Sub(first)
+			}
 			tests = append(tests, t)
 		}
 	}
@@ -161,9 +172,10 @@ func print(w io.Writer, pkgs, tests []timing, cpu map[string]float64, top int) {
 			clock(p.start), clock(p.end), shortPkg(p.name), mark(p.failed))
 	}
 	n := min(top, len(tests))
-	fmt.Fprintf(w, "slowest %d of %d top-level tests (wall; parallel tests overlap):\n", n, len(tests))
+	fmt.Fprintf(w, "slowest %d of %d top-level tests (wall; parallel tests overlap; (+start → +end) as for packages):\n", n, len(tests))
 	for _, t := range tests[:n] {
-		fmt.Fprintf(w, "  %8s  %s%s\n", t.elapsed.Round(100*time.Millisecond), t.name, mark(t.failed))
+		fmt.Fprintf(w, "  %8s  (+%s → +%s)  %s%s\n", t.elapsed.Round(100*time.Millisecond),
+			clock(t.start), clock(t.end), t.name, mark(t.failed))
 	}
 }
 
