@@ -235,8 +235,8 @@ func (p *clusterPhase) waitOffsets(n int64, timeout time.Duration) {
 }
 
 // underLoad starts outboxd and ~300 events/s, runs fault once it publishes,
-// then, once Kafka accepts produce again, lets outboxd publish a few
-// seconds more, stops the load and checks what arrived.
+// then, once Kafka accepts produce again, lets outboxd publish until it has
+// caught up, stops the load and checks what arrived.
 func (p *clusterPhase) underLoad(fault func()) {
 	t := p.t
 	t.Helper()
@@ -254,7 +254,9 @@ func (p *clusterPhase) underLoad(fault func()) {
 	p.mark("fault over")
 	accepted, published := recovery(t, p.e.brokers, p.e.topic, p.probeTopic, 2*time.Minute)
 	p.note("Kafka accepts → outboxd publishes %s", published.Sub(accepted).Round(time.Millisecond))
-	p.hold(3 * time.Second)
+	// Publishing a while more, under the load: until Kafka holds what was
+	// written during the fault (a fixed 3 s did not say whether it did).
+	p.waitOffsets(p.e.outboxRows(), time.Minute)
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatalf("load: %v", err)

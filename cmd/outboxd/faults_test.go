@@ -106,6 +106,18 @@ func recovery(t *testing.T, brokers []string, topic, probeTopic string, timeout 
 	}
 }
 
+// outboxRows is how many rows the test's outbox holds now.
+func (e *env) outboxRows() int64 {
+	e.t.Helper()
+	c := e.conn()
+	defer c.Close(context.Background())
+	var n int64
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
 // steady is the fault tests' load: single-row transactions at about rate
 // events/s over 50 aggregates, until ctx ends.
 func (e *env) steady(ctx context.Context, rate int) <-chan error {
@@ -239,7 +251,17 @@ func TestRunTenShortKafkaOutagesKeepPerKeyOrder(t *testing.T) {
 		took := published.Sub(accepted)
 		longest = max(longest, took)
 		stalls = append(stalls, took.Round(time.Millisecond).String())
-		time.Sleep(3 * time.Second) // publishing, between outages
+		// Publishing between outages: the next one starts only once
+		// outboxd has published what was written while Kafka was away, so
+		// it hits a pipeline in steady state again (a fixed 3 s did not
+		// say whether the drain was over).
+		rows := e.outboxRows()
+		waitFor(t, time.Minute, func() bool {
+			if d.exited() {
+				t.Fatalf("after outage %d: outboxd exited (%d)", i+1, d.code)
+			}
+			return endOffsets(ks.Brokers, e.topic) >= rows
+		})
 	}
 	cancel()
 	if err := <-writes; err != nil {
