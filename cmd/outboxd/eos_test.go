@@ -126,7 +126,11 @@ func TestRunExactlyOnceKafkaFaults(t *testing.T) {
 			waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > 0 })
 			createTopic(t, ks.Brokers, probeTopic, 1)
 			recovery(t, ks.Brokers, e.topic, probeTopic, 2*time.Minute)
-			time.Sleep(3 * time.Second)
+			// Publishing after the fault, under the load: until Kafka holds
+			// as many records as the outbox held rows (end offsets also
+			// count markers: this paces, the verdict below decides).
+			rows := e.outboxRows()
+			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) >= rows })
 			cancel()
 			if err := <-writes; err != nil {
 				t.Fatal(err)
