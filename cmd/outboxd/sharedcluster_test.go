@@ -105,9 +105,14 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 		// The default checkpoint topic: shared by all five.
 		ds[i] = &deployment{name: fmt.Sprintf("d%d", i), e: e, args: []string{"--delivery", "exactly-once"}}
 	}
+	// The five first starts at once (each creates its slot, one the
+	// checkpoint topic): one after another they took five start-ups.
 	for _, dp := range ds {
-		dp.start()
-		dp.restartTimes = nil // the first start creates the slot and maybe the topic
+		dp.d = startDaemon(t, dp.e.args(dp.args...)...)
+	}
+	for _, dp := range ds {
+		dp.d.waitLog("streaming", 60*time.Second)
+		dp.d.waitLog("checkpoint read", time.Minute)
 		dp.writes = dp.e.steady(ctx, 50)
 	}
 	for _, dp := range ds {
