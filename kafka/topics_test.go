@@ -13,6 +13,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // startFakeKafkaBrokers is startFakeKafka with n brokers.
@@ -330,5 +332,38 @@ func TestKafkaProducerProducesToATopicWithTheLookupThatFindsIt(t *testing.T) {
 		n, appeared.Sub(start).Round(time.Millisecond), time.Since(appeared).Round(time.Millisecond), got)
 	if got > n+2 {
 		t.Fatalf("%d metadata requests for the topic, want at most %d: the %d unknown answers and one lookup that found it", got, n+2, n)
+	}
+}
+
+// A real broker: a record sent the moment its topic's CreateTopics returned
+// (its metadata still reaching the broker's cache, its partitions still
+// electing leaders) is acknowledged with the lookups that follow. How long
+// it took is logged, not asserted: it is the broker's, on a loaded machine.
+func TestKafkaProducerFirstRecordToATopicJustCreatedRealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	k := testenv.Kafka(t)
+	cfg := DefaultConfig()
+	cfg.Brokers = k.Brokers
+	p := newTestProducer(t, cfg)
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for i := 0; i < 3; i++ {
+		topic := testenv.UniqueName("justcreated")
+		if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 6, ReplicationFactor: 1}, false); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = admin.DeleteTopic(topic) })
+		created := time.Now()
+		sendAll(t, p, rec(int64(i+1), topic, "a"))
+		r := results(t, p, 1)[0]
+		if r.Err != nil {
+			t.Fatalf("first record to a topic just created: %v, want acknowledged", r.Err)
+		}
+		t.Logf("topic created → its first record acknowledged: %s", time.Since(created).Round(time.Millisecond))
 	}
 }
