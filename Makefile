@@ -207,8 +207,7 @@ bench: deps
 ## bench-memory: README's memory table (issue 21): peak RSS of outboxd for
 ## events of 200 B to 900 KB, Kafka up and stopped 60 s, default and 16 MiB
 ## budgets (~15 min; needs the dev stack's .devstack.env):
-## bench/results/memory.txt. OUTBOXD_BENCH_MEMORY_GOMEMLIMIT=1 adds the cells
-## again with GOMEMLIMIT set from the budget.
+## bench/results/memory.txt.
 .PHONY: bench-memory
 bench-memory: deps
 	@set -euo pipefail; \

@@ -55,7 +55,14 @@ func (p *Producer) newBatch(rb *recBuf) *batch {
 	if rb.single > 0 {
 		rb.single--
 	}
-	recs := rb.queue[:n:n]
+	// The batch gets its own slice and the queue's slots are cleared: the
+	// queue's array outlives the batch while records keep arriving behind
+	// it, and slots still pointing at taken records kept them — values and
+	// all — alive after they were acknowledged and their room released, up
+	// to the array's capacity beyond the budget.
+	recs := make([]*Record, n)
+	copy(recs, rb.queue)
+	clear(rb.queue[:n])
 	rb.queue = rb.queue[n:]
 	rb.queued -= size
 	if len(rb.queue) == 0 {

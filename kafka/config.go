@@ -29,6 +29,16 @@ type Config struct {
 	// broker closes the connection of a larger one. Lowered at start to the
 	// broker's socket.request.max.bytes when that is smaller.
 	MaxRequestBytes int
+	// EncodedBytes, when > 0, bounds the bytes of the produce requests the
+	// producer holds encoded at once, across all brokers: sarama encodes a
+	// request's batches twice over (the batch's records, kept with the
+	// batch until it is answered, and the whole request, while it is
+	// written), beside the records they were built from. Each request then
+	// carries at most EncodedBytes / (2 × brokers) of batches — never less
+	// than one batch, which a request always carries. The publisher sets it
+	// to half its byte budget, so that what is live at the top of a drain
+	// stays within 1.5 × the budget (README "Memory").
+	EncodedBytes int
 	// RetryBackoff and RetryBackoffMax bound the backoff (with jitter)
 	// between two attempts at the same batch.
 	RetryBackoff    time.Duration

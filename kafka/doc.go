@@ -13,6 +13,13 @@
 //   - DeadLetterer and the dead-letter header vocabulary (dlq-*), shared with
 //     the consumer package.
 //
+// A topic the brokers call unknown, or whose partitions have no leader yet
+// (usually one created a moment ago), is looked up again after 10 ms,
+// doubling to 250 ms, until it appears or UnknownTopicTimeout calls it
+// missing; its first record goes with the lookup that finds it. Other
+// lookup failures back off as produce retries do (RetryBackoff to
+// RetryBackoffMax).
+//
 // A topic's partition count is looked up again every MetadataRefresh. When
 // it grows, records routed by the old count are acknowledged before any is
 // routed by the new one (per-key order kept). It cannot shrink in Kafka; a

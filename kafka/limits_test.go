@@ -108,3 +108,69 @@ func TestKafkaBrokerLimitsFromARealBroker(t *testing.T) {
 		t.Fatalf("brokerLimits = %d, %d, %v: want both limits from the broker", msg, req, err)
 	}
 }
+
+// With EncodedBytes set, the requests of all brokers hold at most that many
+// encoded bytes at once: sarama encodes a request's batches twice (the
+// batch's own copy and the request buffer), so one broker's request carries
+// at most EncodedBytes / 2. Records of 10 KB, one per batch, to 6
+// partitions of one broker would otherwise share requests of 6 batches;
+// with EncodedBytes 44,000 a request carries at most 22,000 bytes, two
+// batches. One batch always
+// goes, whatever the limit. Fails if the producer ignores EncodedBytes.
+func TestKafkaProducerRequestsHoldAtMostEncodedBytes(t *testing.T) {
+	f := startFakeKafka(t, 6, "t")
+	var mu sync.Mutex
+	largest, requests := 0, 0
+	f.c.ControlKey(int16(kmsg.Produce), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		f.c.KeepControl()
+		n := 0
+		for _, t := range kreq.(*kmsg.ProduceRequest).Topics {
+			for _, p := range t.Partitions {
+				n += len(p.Records)
+			}
+		}
+		mu.Lock()
+		largest, requests = max(largest, n), requests+1
+		mu.Unlock()
+		return nil, nil, false
+	})
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	const encoded = 44_000
+	cfg.EncodedBytes = encoded
+	cfg.MaxMessageBytes = 11_000 // one record per batch
+	p := newTestProducer(t, cfg)
+	var rs []*Record
+	for i := int64(1); i <= 60; i++ {
+		r := rec(i, "t", keyFor(t, int32(i%6), 6))
+		r.Value = []byte(strings.Repeat("v", 10_000))
+		rs = append(rs, r)
+	}
+	if err := p.SendBatch(context.Background(), rs); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results(t, p, 60) {
+		if r.Err != nil {
+			t.Fatalf("record %d: %v", r.OutboxID, r.Err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d produce requests, the largest %d bytes of batches", requests, largest)
+	if largest > encoded/2 {
+		t.Fatalf("a produce request carried %d bytes of batches, over EncodedBytes / 2 = %d", largest, encoded/2)
+	}
+}
+
+// A batch larger than a request's share of EncodedBytes still goes, alone.
+func TestKafkaProducerSendsABatchLargerThanEncodedBytes(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.EncodedBytes = 1000
+	p := newTestProducer(t, cfg)
+	r := rec(1, "t", "a")
+	r.Value = []byte(strings.Repeat("v", 10_000))
+	sendAll(t, p, r)
+	if got := results(t, p, 1)[0]; got.Err != nil {
+		t.Fatalf("a 10 KB record with EncodedBytes 1,000: %v, want it acknowledged", got.Err)
+	}
+}

@@ -21,12 +21,20 @@ func (p *Producer) resolve(t *topicState) {
 	topic := t.name
 	p.spawn(func() {
 		m := topicMeta{topic: topic}
-		if m.err = client.RefreshMetadata(topic); m.err == nil {
+		m.err = client.RefreshMetadata(topic)
+		if m.err == nil || errors.Is(m.err, sarama.ErrLeaderNotAvailable) {
+			// A topic whose partitions have no leader yet (just created,
+			// or an election) is known: its partitions are stored, and
+			// those without a leader are asked again soon (handleMeta).
+			// Leaders come from the lookup just made: client.Leader would
+			// look a leaderless partition up again on its own, one
+			// partition after another, each with sarama's retry.
 			var ids []int32
 			if ids, m.err = client.Partitions(topic); m.err == nil {
 				m.partitions = int32(len(ids))
 				m.leaders = make(map[int32]*sarama.Broker, len(ids))
-				for _, id := range ids {
+				writable, _ := client.WritablePartitions(topic)
+				for _, id := range writable {
 					if b, err := client.Leader(topic, id); err == nil {
 						m.leaders[id] = b
 					}
@@ -48,7 +56,10 @@ func (p *Producer) handleMeta(m topicMeta) {
 		p.lookupFailed(t, m.err, now)
 		return
 	}
-	t.failingAt, t.attempts, t.unknownSince, t.missing = time.Time{}, 0, time.Time{}, nil
+	if !t.unknownSince.IsZero() {
+		t.attempts = 0 // the topic appeared: a wait for its leaders starts short
+	}
+	t.failingAt, t.unknownSince, t.missing = time.Time{}, time.Time{}, nil
 	t.refreshAt = now.Add(p.cfg.MetadataRefresh)
 	if t.partitions != 0 && m.partitions < t.partitions {
 		p.shrunk(t, m.partitions)
@@ -65,17 +76,23 @@ func (p *Producer) handleMeta(m topicMeta) {
 		rb.leader = m.leaders[id]
 	}
 	t.leaders = m.leaders
+	// Set before routing: a record routed to a partition without a leader
+	// asks for a lookup, and the one just answered must not be asked again
+	// at once.
+	t.resolveAt = now.Add(p.metaBackoff(t.attempts + 1))
 	if t.nextPartitions == 0 {
 		p.routePending(t)
 	}
 	for _, rb := range t.parts {
 		if rb.leader == nil && rb.hasWork() {
-			// No leader yet (an election): ask again after a backoff.
+			// No leader yet (a new topic, an election): ask again soon,
+			// backing off while it lasts.
 			t.attempts++
-			t.resolveAt = now.Add(p.retryBackoff(t.attempts))
-			break
+			return
 		}
 	}
+	// The topic is there and led: the next wait starts short.
+	t.attempts, t.resolveAt = 0, time.Time{}
 }
 
 // lookupFailed handles a lookup of t that failed with err (nil: it found
@@ -107,6 +124,8 @@ func (p *Producer) lookupFailed(t *topicState, err error, now time.Time) {
 		}
 		return
 	}
+	// A cluster that fails to answer (brokers down, a timeout) is asked
+	// again as a produce is: backing off to RetryBackoffMax.
 	t.resolveAt = now.Add(p.retryBackoff(t.attempts))
 	if t.attempts == 1 || t.attempts%10 == 0 {
 		p.log.Warn("kafka metadata unavailable; retrying", zap.String("topic", t.name),
@@ -190,7 +209,7 @@ func (p *Producer) unknownTopic(t *topicState, err error, now time.Time) {
 	}
 	if now.Sub(t.unknownSince) < p.cfg.UnknownTopicTimeout {
 		t.attempts++
-		t.resolveAt = now.Add(p.retryBackoff(t.attempts))
+		t.resolveAt = now.Add(p.metaBackoff(t.attempts))
 		if t.attempts == 1 || t.attempts%10 == 0 {
 			p.log.Warn("kafka says the topic is unknown; looking it up again before its records are poison",
 				zap.String("topic", t.name), zap.Duration("unknown_for", now.Sub(t.unknownSince)),
@@ -233,6 +252,33 @@ func (p *Producer) unknownTopic(t *topicState, err error, now time.Time) {
 			rb.stop(p, t.failed) // a batch in flight is settled by its response
 		}
 	}
+}
+
+// metaBackoffMin and metaBackoffMax bound the wait before a topic that the
+// brokers call unknown, or whose partitions have no leader yet, is looked up
+// again. Such a topic is usually one created a moment ago (by
+// infrastructure code, auto-creation, a new event type) whose metadata is
+// still reaching the brokers, and its first record — with every later one
+// of its partition behind it — waits for the lookup that finds it: a
+// backoff growing to RetryBackoffMax (1 s) made that record arrive 6.4 s
+// after its commit for a topic created 0.1 s before it. At the cap a
+// topic that truly does not exist costs about four lookups a second until
+// UnknownTopicTimeout calls it missing.
+const (
+	metaBackoffMin = 10 * time.Millisecond
+	metaBackoffMax = 250 * time.Millisecond
+)
+
+// metaBackoff grows from metaBackoffMin to metaBackoffMax (or from
+// RetryBackoff to RetryBackoffMax when those are shorter), with jitter;
+// attempt restarts from 1 once a lookup finds the topic (handleMeta).
+func (p *Producer) metaBackoff(attempt int) time.Duration {
+	lo, hi := p.metaBackoffBounds()
+	return backoff.Jitter(backoff.Exponential(lo, hi, attempt))
+}
+
+func (p *Producer) metaBackoffBounds() (lo, hi time.Duration) {
+	return min(p.cfg.RetryBackoff, metaBackoffMin), min(p.cfg.RetryBackoffMax, metaBackoffMax)
 }
 
 // retryBackoff grows from RetryBackoff to RetryBackoffMax, with jitter.

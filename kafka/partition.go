@@ -249,6 +249,7 @@ func (rb *recBuf) expire(p *Producer, cause error) (inFlight bool) {
 	case partIdle:
 		if len(rb.queue) > 0 {
 			head := rb.queue[0]
+			rb.queue[0] = nil // the array must not keep it (see newBatch)
 			rb.queue = rb.queue[1:]
 			rb.queued -= head.Size() + recordOverhead
 			p.fail(head, recordErr(head, cause))

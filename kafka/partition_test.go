@@ -3,8 +3,10 @@ package kafka
 import (
 	"context"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
+	"weak"
 
 	"go.uber.org/zap/zaptest"
 )
@@ -353,5 +355,33 @@ func TestPartitionDeadlineRunsFromTheFirstAttempt(t *testing.T) {
 	ps.land(landed)
 	if d := ps.deadline(timeout); !d.Equal(landed.Add(timeout)) {
 		t.Fatalf("queued behind a batch that came back later: deadline %v, want the landing + timeout", d)
+	}
+}
+
+// A record taken into a batch is held by the batch only: once the batch is
+// acknowledged and dropped, the queue that keeps receiving records behind
+// it must not keep it (and its value) alive. The queue's array outlives
+// the batch, and its slots pointing at taken records held a drain's
+// acknowledged records beyond the byte budget, whose room had been
+// released.
+func TestPartitionTakenRecordsAreNotKeptByTheQueue(t *testing.T) {
+	p, ps := bareProducer(), partition()
+	p.cfg.MaxMessageBytes = 64 // one small record per batch
+	queued(p, ps, 1, 2, 3)
+	taken := weak.Make(ps.queue[0])
+	b := ps.take(p)
+	if len(b.recs) != 1 || b.recs[0].OutboxID != 1 {
+		t.Fatalf("took %d records, want record 1 alone", len(b.recs))
+	}
+	ps.land(time.Now())
+	b.ack(p, 0)
+	backIDs(p)
+	b = nil
+	runtime.GC()
+	if taken.Value() != nil {
+		t.Fatal("record 1 is still reachable after its batch was acknowledged and dropped: the queue's array keeps it")
+	}
+	if len(ps.queue) != 2 {
+		t.Fatalf("%d queued, want records 2 and 3", len(ps.queue))
 	}
 }

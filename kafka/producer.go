@@ -205,6 +205,10 @@ func NewProducer(cfg Config, log *zap.Logger, hooks ProducerHooks) (*Producer, e
 	if log == nil {
 		log = zap.NewNop()
 	}
+	// sarama asks once more itself when a lookup calls a topic unknown or
+	// leaderless; the producer's own lookups back off from metaBackoffMin
+	// (see resolve), and so does that second ask, not from RetryBackoff.
+	conf.Metadata.Retry.Backoff = min(cfg.RetryBackoff, metaBackoffMin)
 	client, err := sarama.NewClient(cfg.Brokers, conf)
 	if err != nil {
 		return nil, fmt.Errorf("kafka producer: %w", err)

@@ -62,11 +62,13 @@ func (s *sink) produce() {
 		req.TransactionalID = &id
 	}
 	// A request never exceeds MaxRequestBytes (the broker's
-	// socket.request.max.bytes): partitions that do not fit go in the
-	// broker's next request, their batch waiting in the queue.
+	// socket.request.max.bytes) nor its share of EncodedBytes: partitions
+	// that do not fit go in the broker's next request, their batch waiting
+	// in the queue.
+	limit := p.requestLimit()
 	size, sent := requestOverhead, parts[:0:0]
 	for _, rb := range parts {
-		if len(sent) > 0 && size+rb.nextBatchBytes(p.cfg.MaxMessageBytes)+batchOverhead > p.cfg.MaxRequestBytes {
+		if len(sent) > 0 && size+rb.nextBatchBytes(p.cfg.MaxMessageBytes)+batchOverhead > limit {
 			continue
 		}
 		b := rb.take(p)
@@ -78,6 +80,20 @@ func (s *sink) produce() {
 	s.busy = true
 	p.inflight++
 	s.send(req, sent)
+}
+
+// requestLimit is the most bytes one produce request carries:
+// MaxRequestBytes, or less with EncodedBytes set, so that the requests of
+// every broker, each encoded twice (see Config.EncodedBytes), hold at most
+// EncodedBytes at once. A request always carries one batch, whatever the
+// limit.
+func (p *Producer) requestLimit() int {
+	limit := p.cfg.MaxRequestBytes
+	if p.cfg.EncodedBytes > 0 {
+		brokers := max(len(p.client.Brokers()), len(p.sinks), 1)
+		limit = min(limit, p.cfg.EncodedBytes/(2*brokers))
+	}
+	return limit
 }
 
 // send runs req in a goroutine and reports its outcome to run.

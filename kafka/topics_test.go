@@ -12,6 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"go.uber.org/zap"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // startFakeKafkaBrokers is startFakeKafka with n brokers.
@@ -219,5 +222,148 @@ func TestKafkaProducerWaitingBatchOfAMissingTopicIsPoison(t *testing.T) {
 	sendAll(t, p, rec(2, "t", "a"))                                                // to the known leader: "unknown topic", then waits
 	if r := results(t, p, 1)[0]; r.OutboxID != 2 || !errors.Is(r.Err, ErrPoison) { // fails after 10 s unanswered
 		t.Fatalf("record %d: %v, want record 2 poison (its topic is gone)", r.OutboxID, r.Err)
+	}
+}
+
+// A topic the brokers call unknown, or whose partitions have no leader yet,
+// is asked again within tens of milliseconds — 10 ms doubling to 250 ms —
+// for as long as UnknownTopicTimeout allows, and the wait starts short again
+// once the topic appears. A topic created a moment before its first record
+// is the common case (its metadata is still reaching the brokers): with the
+// produce retry's backoff, growing to a second, such a record arrived
+// seconds after its commit. Driven by the lookup handler with a clock of
+// its own, so the waits are read, not slept.
+func TestKafkaProducerLooksANewTopicUpAgainWithinTensOfMilliseconds(t *testing.T) {
+	p := bareProducer()
+	p.log = zap.NewNop()
+	p.cfg.UnknownTopicTimeout = 30 * time.Second
+	now := time.Unix(1_000_000, 0)
+	p.now = func() time.Time { return now }
+	top := &topicState{name: "new", parts: map[int32]*recBuf{}}
+	p.topics = map[string]*topicState{"new": top}
+	r := rec(1, "new", "a")
+	p.outstanding++
+	top.pending = []*Record{r}
+
+	wait := func() time.Duration { return top.resolveAt.Sub(now) }
+	var waits []time.Duration
+	for now.Sub(time.Unix(1_000_000, 0)) < 20*time.Second { // "unknown" for 20 s
+		top.resolving = true
+		p.handleMeta(topicMeta{topic: "new", err: sarama.ErrUnknownTopicOrPartition})
+		if top.missing != nil {
+			t.Fatalf("called missing after %s, before UnknownTopicTimeout (30 s)", now.Sub(time.Unix(1_000_000, 0)))
+		}
+		w := wait()
+		waits = append(waits, w)
+		if w <= 0 || w > metaBackoffMax {
+			t.Fatalf("lookup %d of an unknown topic: asked again after %s, want within (0, %s]", len(waits), w, metaBackoffMax)
+		}
+		now = top.resolveAt
+	}
+	if waits[0] > metaBackoffMin {
+		t.Fatalf("first wait %s, want ≤ %s", waits[0], metaBackoffMin)
+	}
+	// Not hammering: at the cap, about four lookups a second.
+	if n := len(waits); n > 20*int(time.Second/(metaBackoffMax*4/5))+10 {
+		t.Fatalf("%d lookups in 20 s of an unknown topic, want at most about %d", n, 20*int(time.Second/metaBackoffMax))
+	}
+	// The topic appears, its one partition without a leader yet: the wait
+	// starts short again.
+	top.resolving = true
+	p.handleMeta(topicMeta{topic: "new", partitions: 1, leaders: map[int32]*sarama.Broker{}})
+	if w := wait(); w <= 0 || w > metaBackoffMin {
+		t.Fatalf("topic appeared without a leader: asked again after %s, want within (0, %s]", w, metaBackoffMin)
+	}
+	for i := 0; i < 50; i++ { // an election that lasts: still bounded
+		now = top.resolveAt
+		top.resolving = true
+		p.handleMeta(topicMeta{topic: "new", partitions: 1, leaders: map[int32]*sarama.Broker{}})
+		if w := wait(); w <= 0 || w > metaBackoffMax {
+			t.Fatalf("leaderless lookup %d: asked again after %s, want within (0, %s]", i+2, w, metaBackoffMax)
+		}
+	}
+	if top.parts[0] == nil || len(top.parts[0].queue) != 1 {
+		t.Fatal("the record is not queued in the topic's partition once its count is known")
+	}
+}
+
+// A record to a topic that appears only after the brokers called it unknown
+// N times goes with the first lookup that finds it: no lookup wasted, no
+// wait after it. The fake broker answers the first N metadata requests for
+// the topic before it exists and the next one after it was created, so the
+// bound is counted in metadata requests, not measured in time (the time is
+// logged). A lookup is up to two requests: sarama asks once more itself
+// when the answer says unknown.
+func TestKafkaProducerProducesToATopicWithTheLookupThatFindsIt(t *testing.T) {
+	f := startFakeKafka(t, 1, "t")
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.UnknownTopicTimeout = time.Minute
+	// The defaults, whose 50 ms to 1 s produce backoff lookups used to
+	// follow: 12 unknown answers took ~2.5 s then, ~0.6 s now (logged).
+	cfg.RetryBackoff, cfg.RetryBackoffMax = DefaultConfig().RetryBackoff, DefaultConfig().RetryBackoffMax
+	p := newTestProducer(t, cfg)
+	const n = 12
+	var asked atomic.Int32
+	reached, created := make(chan struct{}), make(chan struct{})
+	f.c.ControlKey(int16(kmsg.Metadata), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		f.c.KeepControl()
+		for _, tp := range kreq.(*kmsg.MetadataRequest).Topics {
+			if tp.Topic != nil && *tp.Topic == "late" {
+				if asked.Add(1) == n+1 {
+					f.c.SleepControl(func() { close(reached); <-created })
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	start := time.Now()
+	sendAll(t, p, rec(1, "late", "a"))
+	<-reached
+	appeared := time.Now()
+	if err := f.c.CreateTopic("late", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	close(created)
+	if r := results(t, p, 1)[0]; r.Err != nil {
+		t.Fatalf("record to a topic created after %d lookups: %v, want acknowledged", n, r.Err)
+	}
+	got := asked.Load()
+	t.Logf("%d metadata requests answered unknown in %s; acknowledged %s after the topic appeared, %d metadata requests in all",
+		n, appeared.Sub(start).Round(time.Millisecond), time.Since(appeared).Round(time.Millisecond), got)
+	if got > n+2 {
+		t.Fatalf("%d metadata requests for the topic, want at most %d: the %d unknown answers and one lookup that found it", got, n+2, n)
+	}
+}
+
+// A real broker: a record sent the moment its topic's CreateTopics returned
+// (its metadata still reaching the broker's cache, its partitions still
+// electing leaders) is acknowledged with the lookups that follow. How long
+// it took is logged, not asserted: it is the broker's, on a loaded machine.
+func TestKafkaProducerFirstRecordToATopicJustCreatedRealBroker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Kafka")
+	}
+	k := testenv.Kafka(t)
+	cfg := DefaultConfig()
+	cfg.Brokers = k.Brokers
+	p := newTestProducer(t, cfg)
+	admin, err := sarama.NewClusterAdmin(k.Brokers, k.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	for i := 0; i < 3; i++ {
+		topic := testenv.UniqueName("justcreated")
+		if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: 6, ReplicationFactor: 1}, false); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = admin.DeleteTopic(topic) })
+		created := time.Now()
+		sendAll(t, p, rec(int64(i+1), topic, "a"))
+		r := results(t, p, 1)[0]
+		if r.Err != nil {
+			t.Fatalf("first record to a topic just created: %v, want acknowledged", r.Err)
+		}
+		t.Logf("topic created → its first record acknowledged: %s", time.Since(created).Round(time.Millisecond))
 	}
 }

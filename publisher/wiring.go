@@ -45,6 +45,9 @@ type Wiring struct {
 func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *Service {
 	kcfg := w.Kafka
 	kcfg.ContinueAfterPoison = cfg.DeadLetterTopic != ""
+	// The encoded copies of the budget's records in produce requests are
+	// bounded by half the budget (README "Memory").
+	kcfg.EncodedBytes = int(min(cfg.MaxInFlightBytes/2, int64(kcfg.MaxRequestBytes)))
 	cfg.MaxRecordBytes = kcfg.MaxMessageBytes
 	hooks := kafka.ProducerHooks{}
 	stream := w.Stream

@@ -62,6 +62,7 @@ func runCDC(ctx context.Context, o *options, createdBefore bool) error {
 	if o.poll.source == sourcePoll { // the polling publisher: poll.go
 		return runPoll(ctx, o, kcfg, logger)
 	}
+	setMemoryLimit(o.pub.MaxInFlightBytes, logger)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
