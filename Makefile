@@ -88,7 +88,7 @@ test: deps lint
 	echo "outboxd's module: exit $$main after $$((SECONDS - began)) s"; \
 	$(MAKE) --no-print-directory test-times; \
 	wait $$clusters; clustersrc=$$?; cat .cache/test-clusters.log; \
-	echo "3-broker tests: exit $$clustersrc after $$((SECONDS - began)) s"; \
+	echo "3-broker and ten-outage tests: exit $$clustersrc after $$((SECONDS - began)) s"; \
 	wait $$bench; benchrc=$$?; cat .cache/test-bench.log; \
 	echo "bench/: exit $$benchrc after $$((SECONDS - began)) s"; \
 	wait $$pg17; pg17rc=$$?; cat .cache/test-pg17.log; \
@@ -96,20 +96,22 @@ test: deps lint
 	for rc in $$main $$clustersrc $$benchrc $$pg17rc; do [ "$$rc" = 0 ] || exit "$$rc"; done
 
 ## e2e-clusters: cmd/outboxd's two 3-broker tests (each on a private 3-node
-## cluster: broker faults, and many deployments on one cluster), the longest
-## of the package; make test runs them as a group of their own from its
+## cluster: broker faults, and many deployments on one cluster) and the
+## ten-outage test, the longest of the package; make test runs them as a group of their own from its
 ## start. In the package's pool of -parallel slots they started whenever Go
 ## released them — it releases paused parallel tests in an order of its own
 ## (the first declared, then the others last-declared first), and
 ## TestClusterFaults came 85th of 88 (go test -short -v shows the order): its
-## 7 minutes could only end the package, at 17 min 43 s.
+## 7 minutes could only end the package, at 17 min 43 s. The ten-outage test
+## (a private broker of its own) joins them for the same reason: released at
+## +7:22 of the main group, its 3 minutes ended the package's busy part.
 ## Needs the dev stack (make up).
-E2E_CLUSTERS := ^(TestClusterFaults|TestSharedCluster)$$
+E2E_CLUSTERS := ^(TestClusterFaults|TestSharedCluster|TestRunTenShortKafkaOutagesKeepPerKeyOrder)$$
 .PHONY: e2e-clusters
 e2e-clusters:
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	echo "go test (3-broker tests) -run '$(E2E_CLUSTERS)' ./cmd/outboxd/"; \
+	echo "go test (3-broker and ten-outage tests) -run '$(E2E_CLUSTERS)' ./cmd/outboxd/"; \
 	$(GO) test -race -count=1 -timeout 20m -run '$(E2E_CLUSTERS)' ./cmd/outboxd/
 
 ## test-times: where the last make test's time went — the slowest packages
