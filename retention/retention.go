@@ -129,8 +129,15 @@ func (p *Pruner) Run(ctx context.Context) error {
 	}
 }
 
+// pruneTimeout bounds one prune (connecting, the deletes, the size): a
+// server that does not answer. It is not the interval: prunes never overlap
+// (Run starts the next after this one returned), and a prune cut at a short
+// interval could have its DELETE committed by the server while the client
+// counted a failure — rows deleted, neither logged nor counted.
+const pruneTimeout = time.Minute
+
 func (p *Pruner) once(ctx context.Context) error {
-	cctx, cancel := context.WithTimeout(ctx, p.cfg.Interval)
+	cctx, cancel := context.WithTimeout(ctx, max(p.cfg.Interval, pruneTimeout))
 	defer cancel()
 	conn, err := pgx.Connect(cctx, p.dsn)
 	if err != nil {

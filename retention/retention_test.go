@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/migrations"
 )
@@ -38,6 +40,34 @@ func TestPruneDeletesOnlyOldRowsInBatches(t *testing.T) {
 	cfg.PublishedOnly = true
 	if n, err := Prune(ctx, conn, cfg); err != nil || n != 5 {
 		t.Fatalf("Prune(published only) = %d, %v; want the 5 published old rows", n, err)
+	}
+}
+
+// A prune is not cut at the interval: with an interval shorter than a
+// connection takes, every prune failed (and a DELETE the server committed
+// meanwhile was neither logged nor counted).
+func TestPrunerWithAShortIntervalStillPrunes(t *testing.T) {
+	t.Parallel()
+	pg := testenv.Postgres(t)
+	conn := pg.Conn(t)
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
+		t.Fatal(err)
+	}
+	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload, created_at)
+		SELECT 'a', 't', '{}', now() - interval '2 hours' FROM generate_series(1, 10)`)
+	cfg := DefaultConfig()
+	cfg.OlderThan, cfg.Interval = time.Hour, time.Microsecond
+	p, err := NewPruner(cfg, pg.DSN, zap.NewNop(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.once(ctx); err != nil {
+		t.Fatalf("a prune with a 1 µs interval: %v", err)
+	}
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d rows left (%v), want none", left, err)
 	}
 }
 
