@@ -83,7 +83,13 @@ func one(t testing.TB, m map[string]float64, series string) float64 {
 
 func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
+	// A PostgreSQL of its own: outboxd_lag_bytes is the server's WAL end
+	// minus the slot's position, and on the shared server other tests' WAL
+	// (one writes 2 MB/s) kept it near 2 MB when this one was idle.
+	ps := testenv.StartPostgres(t)
+	k := testenv.Kafka(t)
+	e := &env{t: t, dsn: ps.DSN, brokers: k.Brokers, topic: k.Topic(t, "e2e", 3), slot: testenv.UniqueName("slot")}
+	e.migrate()
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	// A linger makes Kafka acknowledge in batches every 700 ms: events stay
 	// in flight long enough for the lag to be seen mid-run. One event over
