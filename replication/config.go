@@ -35,7 +35,8 @@ type StreamConfig struct {
 	// replication.
 	ConnectTimeout time.Duration
 	Decoder        DecoderConfig
-	// OnConfirm, when set, is called on Run's goroutine after each standby
+	// OnConfirm, when set, is called with the slot's position once Open
+	// started streaming, and then on Run's goroutine after each standby
 	// status update with the flush position it confirmed to the server:
 	// what the slot's confirmed_flush_lsn becomes. It must not block.
 	OnConfirm func(flush pglogrepl.LSN)

@@ -169,6 +169,12 @@ func (s *Stream) startReplication(ctx context.Context) error {
 		return fmt.Errorf("replication: start replication on slot %q: %w", s.cfg.Slot, err)
 	}
 	s.log.Info("streaming", zap.String("slot", s.cfg.Slot), zap.Stringer("from_lsn", s.start))
+	if s.cfg.OnConfirm != nil {
+		// The slot's position on this server: what a fence answers from
+		// until this stream confirms more (after a failover it can be below
+		// what the last stream confirmed on the old primary).
+		s.cfg.OnConfirm(s.start)
+	}
 	s.alive = startSetupKeepalive(s)
 	return nil
 }

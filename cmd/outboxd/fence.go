@@ -27,17 +27,20 @@ type fence struct {
 
 func newFence() *fence { return &fence{moved: make(chan struct{})} }
 
-// set records a confirmed position; it never goes back (a new session
-// starts from the slot's, which is not below).
+// set records the position the current stream confirmed. A new stream
+// sets the slot's position on its server first, which can be below the
+// last one's (a failover to a standby whose slot lagged): the fence then
+// goes back with it, so that it never vouches for a position of an old
+// primary's history. Waiters are woken only when it grows.
 func (f *fence) set(lsn pglogrepl.LSN) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if lsn <= f.confirmed {
-		return
-	}
+	grew := lsn > f.confirmed
 	f.confirmed = lsn
-	close(f.moved)
-	f.moved = make(chan struct{})
+	if grew {
+		close(f.moved)
+		f.moved = make(chan struct{})
+	}
 }
 
 // wait reports whether the confirmed position reached lsn before ctx
@@ -65,9 +68,11 @@ const maxFenceWait = 5 * time.Minute
 // handlePublished serves GET /published?lsn=L&timeout=D: 200 once this
 // process has confirmed past L (every event committed before L is in
 // Kafka as its delivery mode defines it), 504 when it has not within D
-// (not yet, never "lost"), 503 at once on a standby or a halted process,
-// which confirm nothing, 400 on a bad request. The body says which, with
-// the confirmed position.
+// (not yet, never "lost"), 503 at once unless this process is the active
+// one streaming (a standby or a halted process confirms nothing, and one
+// restarting may be about to stream from another server, whose positions
+// the last stream's do not vouch for), 400 on a bad request. The body says
+// which, with the confirmed position.
 func (f *fence) handlePublished(state func() outbox.State) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -83,9 +88,8 @@ func (f *fence) handlePublished(state func() outbox.State) http.HandlerFunc {
 				return
 			}
 		}
-		switch st := state(); st {
-		case outbox.StateStandby, outbox.StateHalted, outbox.StateStopped:
-			http.Error(w, fmt.Sprintf("this process is %s and confirms nothing: ask the active one, or call outbox_wait_published in PostgreSQL", st), http.StatusServiceUnavailable)
+		if st := state(); st != outbox.StateStreaming {
+			http.Error(w, fmt.Sprintf("this process is %s, not streaming: ask the active one, ask again, or call outbox_wait_published in PostgreSQL", st), http.StatusServiceUnavailable)
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)

@@ -58,23 +58,27 @@ func TestFenceAnswers(t *testing.T) {
 			t.Errorf("%q: %d %q, want 400", q, code, body)
 		}
 	}
-	state = outbox.StateStandby
-	if code, body := get("lsn=0/300&timeout=1m"); code != http.StatusServiceUnavailable || !strings.Contains(body, "outbox_wait_published") {
-		t.Errorf("a standby: %d %q, want 503 at once pointing to the SQL fence", code, body)
+	for _, st := range []outbox.State{outbox.StateStandby, outbox.StateRestarting, outbox.StateStarting, outbox.StateHalted} {
+		state = st
+		if code, body := get("lsn=0/100&timeout=1m"); code != http.StatusServiceUnavailable || !strings.Contains(body, "outbox_wait_published") {
+			t.Errorf("%s, a position confirmed before: %d %q, want 503 at once pointing to the SQL fence", st, code, body)
+		}
 	}
 }
 
-// set never moves the position back, and wait ends with its context.
-func TestFenceNeverGoesBack(t *testing.T) {
+// A new stream's start (a failover to a standby whose slot lagged) moves
+// the fence back: a position the old primary's stream confirmed is no
+// longer vouched for. wait ends with its context.
+func TestFenceFollowsANewStreamBack(t *testing.T) {
 	f := newFence()
 	f.set(0x200)
-	f.set(0x100)
+	f.set(0x100) // the next stream's Open, on another server
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if ok, c := f.wait(ctx, pglogrepl.LSN(0x200)); !ok || c != 0x200 {
-		t.Errorf("wait(0/200) after set(0/200), set(0/100): %v at %s", ok, c)
+	if ok, c := f.wait(ctx, pglogrepl.LSN(0x200)); ok || c != 0x100 {
+		t.Errorf("wait(0/200) after set(0/200), set(0/100): %v at %s, want not yet at 0/100", ok, c)
 	}
-	if ok, _ := f.wait(ctx, pglogrepl.LSN(0x201)); ok {
-		t.Errorf("wait past the confirmed position returned true")
+	if ok, _ := f.wait(context.Background(), pglogrepl.LSN(0x100)); !ok {
+		t.Errorf("wait at the confirmed position returned false")
 	}
 }
