@@ -5,22 +5,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/migrations"
 )
 
-func TestPruneDeletesOnlyOldRowsInBatches(t *testing.T) {
-	t.Parallel()
+// withOldRows is a migrated database holding old outbox rows created two
+// hours ago.
+func withOldRows(t *testing.T, old int) (*testenv.PG, *pgx.Conn) {
+	t.Helper()
 	pg := testenv.Postgres(t)
 	conn := pg.Conn(t)
-	ctx := context.Background()
-	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
+	if _, err := migrations.Apply(context.Background(), conn, nil); err != nil {
 		t.Fatal(err)
 	}
 	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload, created_at)
-		SELECT 'a', 't', '{}', now() - interval '2 hours' FROM generate_series(1, 25)`)
+		SELECT 'a', 't', '{}', now() - interval '2 hours' FROM generate_series(1, $1)`, old)
+	return pg, conn
+}
+
+func TestPruneDeletesOnlyOldRowsInBatches(t *testing.T) {
+	t.Parallel()
+	pg, conn := withOldRows(t, 25)
+	ctx := context.Background()
 	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a', 't', '{}' FROM generate_series(1, 5)`)
 	cfg := DefaultConfig()
 	cfg.OlderThan, cfg.BatchSize = time.Hour, 7 // four statements: 7, 7, 7, 4
@@ -48,14 +57,8 @@ func TestPruneDeletesOnlyOldRowsInBatches(t *testing.T) {
 // meanwhile was neither logged nor counted).
 func TestPrunerWithAShortIntervalStillPrunes(t *testing.T) {
 	t.Parallel()
-	pg := testenv.Postgres(t)
-	conn := pg.Conn(t)
+	pg, conn := withOldRows(t, 10)
 	ctx := context.Background()
-	if _, err := migrations.Apply(ctx, conn, nil); err != nil {
-		t.Fatal(err)
-	}
-	pg.Exec(t, `INSERT INTO outbox (aggregate_id, topic, payload, created_at)
-		SELECT 'a', 't', '{}', now() - interval '2 hours' FROM generate_series(1, 10)`)
 	cfg := DefaultConfig()
 	cfg.OlderThan, cfg.Interval = time.Hour, time.Microsecond
 	p, err := NewPruner(cfg, pg.DSN, zap.NewNop(), nil)
