@@ -69,7 +69,7 @@ const maxFenceWait = 5 * time.Minute
 // process has confirmed past L (every event committed before L is in
 // Kafka as its delivery mode defines it), 504 when it has not within D
 // (not yet, never "lost"), 503 at once unless this process is the active
-// one streaming (a standby or a halted process confirms nothing, and one
+// one streaming or starting to (a standby or a halted process confirms nothing, and one
 // restarting may be about to stream from another server, whose positions
 // the last stream's do not vouch for), 400 on a bad request. The body says
 // which, with the confirmed position.
@@ -88,7 +88,9 @@ func (f *fence) handlePublished(state func() outbox.State) http.HandlerFunc {
 				return
 			}
 		}
-		if st := state(); st != outbox.StateStreaming {
+		// Starting streams from this server for the first time: nothing
+		// confirmed before it can mislead, so a request waits.
+		if st := state(); st != outbox.StateStreaming && st != outbox.StateStarting {
 			http.Error(w, fmt.Sprintf("this process is %s, not streaming: ask the active one, ask again, or call outbox_wait_published in PostgreSQL", st), http.StatusServiceUnavailable)
 			return
 		}

@@ -58,7 +58,7 @@ func TestFenceAnswers(t *testing.T) {
 			t.Errorf("%q: %d %q, want 400", q, code, body)
 		}
 	}
-	for _, st := range []outbox.State{outbox.StateStandby, outbox.StateRestarting, outbox.StateStarting, outbox.StateHalted} {
+	for _, st := range []outbox.State{outbox.StateStandby, outbox.StateRestarting, outbox.StateHalted, outbox.StateStopped} {
 		state = st
 		if code, body := get("lsn=0/100&timeout=1m"); code != http.StatusServiceUnavailable || !strings.Contains(body, "outbox_wait_published") {
 			t.Errorf("%s, a position confirmed before: %d %q, want 503 at once pointing to the SQL fence", st, code, body)
