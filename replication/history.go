@@ -70,10 +70,23 @@ func ReadHistory(ctx context.Context, conn *pgconn.PgConn) (*History, error) {
 // nothing held the session in set-up for ever, while the slot's own
 // connection stayed alive (a simulation seed found it).
 func ReadServerHistory(ctx context.Context, cfg StreamConfig) (*History, error) {
+	var h *History
+	err := withQueryConn(ctx, cfg, "reading its WAL history", func(rctx context.Context, conn *pgconn.PgConn) (err error) {
+		h, err = ReadHistory(rctx, conn)
+		return err
+	})
+	return h, err
+}
+
+// withQueryConn runs fn on a replication connection of its own (the
+// stream's settings, replication=database), connected within the connect
+// timeout and fn bounded by it too: a server that does not answer is an
+// error naming what was being read, not a wait.
+func withQueryConn(ctx context.Context, cfg StreamConfig, what string, fn func(context.Context, *pgconn.PgConn) error) error {
 	cfg = cfg.withDefaults()
 	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
 	if err != nil {
-		return nil, fmt.Errorf("replication: parse connection string: %w", err)
+		return fmt.Errorf("replication: parse connection string: %w", err)
 	}
 	if pcfg.ConnectTimeout == 0 {
 		pcfg.ConnectTimeout = cfg.ConnectTimeout
@@ -81,16 +94,16 @@ func ReadServerHistory(ctx context.Context, cfg StreamConfig) (*History, error) 
 	pcfg.RuntimeParams["replication"] = "database"
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, fmt.Errorf("replication: connect: %w", err)
+		return fmt.Errorf("replication: connect: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
-	h, err := ReadHistory(rctx, conn)
+	err = fn(rctx, conn)
 	if err != nil && errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-		return nil, fmt.Errorf("replication: no answer from the server within %s while reading its WAL history: %w", cfg.ConnectTimeout, err)
+		return fmt.Errorf("replication: no answer from the server within %s while %s: %w", cfg.ConnectTimeout, what, err)
 	}
-	return h, err
+	return err
 }
 
 // ParseTimelineHistory reads a timeline history file: one line per earlier

@@ -2,7 +2,6 @@ package replication
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -17,44 +16,27 @@ import (
 // was not taken over before the barrier landed, so any later owner writes
 // its barrier after it — which is what orders the sessions' checkpoint
 // epochs (publisher.Identity.Epoch).
-func ReadSlotHolder(ctx context.Context, cfg StreamConfig) (int, error) {
-	cfg = cfg.withDefaults()
-	pcfg, err := pgconn.ParseConfig(cfg.ConnString)
-	if err != nil {
-		return 0, fmt.Errorf("replication: parse connection string: %w", err)
-	}
-	if pcfg.ConnectTimeout == 0 {
-		pcfg.ConnectTimeout = cfg.ConnectTimeout
-	}
-	pcfg.RuntimeParams["replication"] = "database"
-	conn, err := pgconn.ConnectConfig(ctx, pcfg)
-	if err != nil {
-		return 0, fmt.Errorf("replication: connect: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	rctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
-	defer cancel()
-	q, err := conn.EscapeString(cfg.Slot)
-	if err != nil {
-		return 0, fmt.Errorf("replication: quote %q: %w", cfg.Slot, err)
-	}
-	rows, err := conn.Exec(rctx, slotQuery+"'"+q+"'").ReadAll()
-	if err != nil {
-		if errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
-			return 0, fmt.Errorf("replication: no answer from the server within %s while reading who holds slot %q: %w", cfg.ConnectTimeout, cfg.Slot, err)
+func ReadSlotHolder(ctx context.Context, cfg StreamConfig) (pid int, err error) {
+	err = withQueryConn(ctx, cfg, fmt.Sprintf("reading who holds slot %q", cfg.Slot), func(rctx context.Context, conn *pgconn.PgConn) error {
+		q, err := conn.EscapeString(cfg.Slot)
+		if err != nil {
+			return fmt.Errorf("replication: quote %q: %w", cfg.Slot, err)
 		}
-		return 0, fmt.Errorf("replication: read slot %q: %w", cfg.Slot, err)
-	}
-	if len(rows) == 0 || len(rows[0].Rows) == 0 {
-		return 0, fmt.Errorf("%w: replication slot %q does not exist (dropped while outboxd set up its session)", ErrSlotMissing, cfg.Slot)
-	}
-	r := rows[0].Rows[0]
-	if string(r[1]) != "t" {
-		return 0, nil
-	}
-	pid, err := strconv.Atoi(string(r[2]))
-	if err != nil {
-		return 0, fmt.Errorf("replication: slot %q active_pid %q: %w", cfg.Slot, r[2], err)
-	}
-	return pid, nil
+		rows, err := conn.Exec(rctx, slotQuery+"'"+q+"'").ReadAll()
+		if err != nil {
+			return fmt.Errorf("replication: read slot %q: %w", cfg.Slot, err)
+		}
+		if len(rows) == 0 || len(rows[0].Rows) == 0 {
+			return fmt.Errorf("%w: replication slot %q does not exist (dropped while outboxd set up its session)", ErrSlotMissing, cfg.Slot)
+		}
+		r := rows[0].Rows[0]
+		if string(r[1]) != "t" {
+			return nil
+		}
+		if pid, err = strconv.Atoi(string(r[2])); err != nil {
+			return fmt.Errorf("replication: slot %q active_pid %q: %w", cfg.Slot, r[2], err)
+		}
+		return nil
+	})
+	return pid, err
 }
