@@ -86,7 +86,7 @@ func newAuditMetrics(reg prometheus.Registerer) auditMetrics {
 func (l *auditLoop) run(ctx context.Context) error {
 	ticker := time.NewTicker(l.interval)
 	defer ticker.Stop()
-	var from time.Time // the end of the last window audited
+	w := auditWindows{from: l.now().Add(-l.delay), delay: l.delay}
 	for {
 		select {
 		case <-ctx.Done():
@@ -97,15 +97,8 @@ func (l *auditLoop) run(ctx context.Context) error {
 			l.m.runs.WithLabelValues("skipped").Inc()
 			continue
 		}
-		until := l.now().Add(-l.delay)
-		since := from
-		if since.IsZero() {
-			since = until.Add(-l.interval)
-		}
-		if until.Sub(since) > maxAuditWindow {
-			until = since.Add(maxAuditWindow)
-		}
-		if !until.After(since) {
+		since, until, ok := w.next(l.now())
+		if !ok {
 			continue
 		}
 		done, err := l.round(ctx, since, until)
@@ -116,10 +109,30 @@ func (l *auditLoop) run(ctx context.Context) error {
 			l.m.runs.WithLabelValues("error").Inc()
 			l.log.Warn("continuous audit: round failed; its window is audited again next round", zap.Error(err))
 		case done:
-			from = until
+			w.from = until
 			l.m.windowEnd.Set(float64(until.UnixNano()) / 1e9)
 		}
 	}
+}
+
+// auditWindows hands out the continuous audit's windows of created_at:
+// each starts where the last audited one ended (from), and a window whose
+// round was skipped is kept, so no row is left out. The first starts at the
+// loop's start minus the delay: before, a skipped first round slid it
+// forward and the rows created meanwhile were never audited.
+type auditWindows struct {
+	from  time.Time // the end of the last window audited
+	delay time.Duration
+}
+
+// next is the window to audit at now: from the last one's end to delay
+// ago, at most maxAuditWindow long; ok is false when it is empty.
+func (w *auditWindows) next(now time.Time) (since, until time.Time, ok bool) {
+	since, until = w.from, now.Add(-w.delay)
+	if until.Sub(since) > maxAuditWindow {
+		until = since.Add(maxAuditWindow)
+	}
+	return since, until, until.After(since)
 }
 
 // round audits the rows created in [since, until); done is false when it was
