@@ -239,6 +239,7 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 	}
 	// The records of each producer's transaction not decided yet.
 	pending := map[int64][]pendingRecord{}
+	empty := 0 // answers in a row with no record below the high watermark
 	for off < pr.hwm {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -259,13 +260,20 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 			}
 			pr.take(rb, off, pending, latest)
 			off = last + 1
-			progressed = true
+			progressed, empty = true, 0
 		}
 		if !progressed {
 			if len(block.RecordsSet) == 0 && off < block.HighWaterMarkOffset {
-				// Nothing came although records are there (a batch larger
-				// than the fetch): give up loudly rather than loop.
-				return fmt.Errorf("kafka: fetch %s/%d at offset %d returned nothing below the high watermark %d", pr.topic, pr.part, off, block.HighWaterMarkOffset)
+				// Nothing came although records are there. The cleaner
+				// swapping the segment that holds off answers so for a
+				// moment (seen on a real broker under load); a batch larger
+				// than the fetch answers so for ever: ask again a few
+				// times, then give up loudly rather than loop.
+				if empty++; empty >= maxEmptyFetches {
+					return fmt.Errorf("kafka: fetch %s/%d at offset %d returned nothing below the high watermark %d, %d times", pr.topic, pr.part, off, block.HighWaterMarkOffset, empty)
+				}
+				time.Sleep(10 * time.Millisecond)
+				continue
 			}
 			if off < pr.hwm {
 				// A new leader may briefly answer with a lower high
@@ -276,6 +284,10 @@ func (pr *partitionReader) read(ctx context.Context, latest map[string]keyValue)
 	}
 	return nil
 }
+
+// maxEmptyFetches is how many answers in a row with no record below the
+// high watermark the reader takes (10 ms apart) before it gives up.
+const maxEmptyFetches = 50
 
 // fetch asks the partition's leader for its records from off,
 // read_uncommitted.

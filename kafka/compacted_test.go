@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/outboxd/outboxd/halt"
@@ -271,5 +273,51 @@ func TestEnsureCompactedTopicRefusesSeveralPartitions(t *testing.T) {
 	}
 	if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "3 partitions") || !strings.Contains(msg, "--checkpoint-topic") {
 		t.Fatalf("%q: want one line naming the partitions and --checkpoint-topic", msg)
+	}
+}
+
+// A fetch that answers no record below the high watermark (a real broker
+// did so while its cleaner swapped the segment holding the offset) is asked
+// again: the read still finds the latest value. Before, the first such
+// answer ended the read with an error.
+func TestReadCompactedAsksAgainAfterAnEmptyFetch(t *testing.T) {
+	f := startFakeKafka(t, 1, "cp")
+	p := newTestProducer(t, testKafkaConfig(f.c.ListenAddrs()))
+	sendAll(t, p, &Record{Topic: "cp", Key: []byte("a"), Value: []byte("1")})
+	if r := results(t, p, 1)[0]; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	var fetches atomic.Int32
+	f.c.ControlKey(int16(kmsg.Fetch), func(kreq kmsg.Request) (kmsg.Response, error, bool) {
+		if fetches.Add(1) > 3 {
+			return nil, nil, false // the fourth and later: answered as they are
+		}
+		f.c.KeepControl()
+		req := kreq.(*kmsg.FetchRequest)
+		resp := req.ResponseKind().(*kmsg.FetchResponse)
+		for _, rt := range req.Topics {
+			st := kmsg.NewFetchResponseTopic()
+			st.Topic = rt.Topic
+			for _, rp := range rt.Partitions {
+				sp := kmsg.NewFetchResponseTopicPartition()
+				sp.Partition, sp.HighWatermark, sp.LastStableOffset = rp.Partition, 1, 1
+				sp.PreferredReadReplica, sp.RecordBatches = -1, []byte{}
+				st.Partitions = append(st.Partitions, sp)
+			}
+			resp.Topics = append(resp.Topics, st)
+		}
+		return resp, nil, true
+	})
+	cfg := testKafkaConfig(f.c.ListenAddrs())
+	cfg.CheckpointReadTimeout = 10 * time.Second
+	got, err := ReadCompacted(context.Background(), cfg, "cp")
+	if err != nil {
+		t.Fatalf("ReadCompacted after three empty fetches: %v", err)
+	}
+	if string(got["a"]) != "1" {
+		t.Fatalf("ReadCompacted = %q, want a=1", got)
+	}
+	if n := fetches.Load(); n < 4 {
+		t.Fatalf("%d fetches, want the three empty ones and more", n)
 	}
 }
