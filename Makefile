@@ -36,13 +36,16 @@ unit:
 	env -u CI $(GO) test -C bench -short -count=1 ./...
 
 ## sim: the whole-pipeline simulation (internal/sim) over SEEDS seeds from
-## SIM_FIRST, without -race and without a stack; make test runs its small
-## fixed set (TestSim). A failing seed prints the command that replays it.
+## SIM_FIRST, SIM_PARALLEL at once, without a stack (SIM_RACE=-race adds
+## the race detector); make test runs its small fixed set (TestSim). A
+## failing seed prints the command that replays it.
 SEEDS ?= 50
 SIM_FIRST ?= 1000
+SIM_PARALLEL ?= 8
+SIM_RACE ?=
 .PHONY: sim
 sim:
-	$(GO) test -count=1 -timeout 0 -run '^TestSim$$' ./internal/sim -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST)
+	$(GO) test $(SIM_RACE) -count=1 -timeout 0 -parallel $(SIM_PARALLEL) -run '^TestSim$$' ./internal/sim -sim.seeds=$(SEEDS) -sim.first=$(SIM_FIRST) -sim.parallel
 
 ## lint: go vet and staticcheck (pinned, run through the module proxy) of
 ## both modules (outboxd's and bench/'s), shellcheck of the shell scripts,

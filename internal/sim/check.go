@@ -23,17 +23,19 @@ const maxListed = 8
 //  3. per key, the first deliveries follow commit order.
 //
 // Records carry the event's payload, checked too: a record is the event
-// it claims to be.
+// it claims to be. A forged, replayed or foreign message is no event: a
+// record of one is a violation.
 func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool) []string {
 	var v []string
 	type rowAt struct {
 		txn *Txn
 		row Row
+		seq int // commit order of events
 	}
 	rows := map[int64]rowAt{}
 	for _, t := range txns {
 		for _, r := range t.Rows {
-			rows[r.ID] = rowAt{t, r}
+			rows[r.ID] = rowAt{t, r, len(rows)}
 		}
 	}
 	seen := map[int64]int{}
@@ -43,6 +45,10 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 		switch {
 		case !ok:
 			bad = append(bad, fmt.Sprintf("p%d@%d: outbox-id %d is no event of the WAL", rec.partition, rec.offset, rec.id))
+			continue
+		case !ra.row.Event():
+			bad = append(bad, fmt.Sprintf("p%d@%d: the %s message at %s (txn %d) was published", rec.partition, rec.offset,
+				kindNames[ra.row.Kind], pglogrepl.LSN(ra.row.ID), ra.txn.Index))
 			continue
 		case rec.key != ra.row.Key || rec.value != ra.row.Payload:
 			bad = append(bad, fmt.Sprintf("p%d@%d: event %d with key %q and a %d-byte value, want key %q and its %d-byte payload",
@@ -61,7 +67,7 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 			continue
 		}
 		for _, r := range t.Rows {
-			if seen[r.ID] == 0 {
+			if r.Event() && seen[r.ID] == 0 {
 				lost = append(lost, fmt.Sprintf("event %d (txn %d, end %s)", r.ID, t.Index, t.End))
 			}
 		}
@@ -75,6 +81,9 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 	for _, t := range txns {
 		counts := map[int]bool{}
 		for _, r := range t.Rows {
+			if !r.Event() {
+				continue
+			}
 			n := seen[r.ID]
 			counts[n] = true
 			switch {
@@ -87,7 +96,9 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 		if exactlyOnce && len(counts) > 1 {
 			var c []string
 			for _, r := range t.Rows {
-				c = append(c, fmt.Sprintf("%d×%d", r.ID, seen[r.ID]))
+				if r.Event() {
+					c = append(c, fmt.Sprintf("%d×%d", r.ID, seen[r.ID]))
+				}
 			}
 			torn = append(torn, fmt.Sprintf("txn %d (%s)", t.Index, strings.Join(c, " ")))
 		}
@@ -108,24 +119,31 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 	slices.SortFunc(sorted, func(a, b record) int {
 		return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
 	})
+	// Commit order is the events' order in the WAL: table ids and
+	// messages' LSNs are not comparable.
 	first := map[int64]bool{}
-	last := map[string]int64{}
+	last := map[string]rowAt{}
 	var order []string
 	for _, rec := range sorted {
-		if _, ok := rows[rec.id]; !ok || first[rec.id] {
+		ra, ok := rows[rec.id]
+		if !ok || !ra.row.Event() || first[rec.id] {
 			continue
 		}
 		first[rec.id] = true
-		if prev, ok := last[rec.key]; ok && rec.id < prev {
-			order = append(order, fmt.Sprintf("key %s: event %d first delivered after %d (p%d@%d)", rec.key, rec.id, prev, rec.partition, rec.offset))
+		if prev, ok := last[rec.key]; ok && ra.seq < prev.seq {
+			order = append(order, fmt.Sprintf("key %s: event %d first delivered after %d (p%d@%d)", rec.key, rec.id, prev.row.ID, rec.partition, rec.offset))
 		}
-		last[rec.key] = max(last[rec.key], rec.id)
+		if prev, ok := last[rec.key]; !ok || ra.seq > prev.seq {
+			last[rec.key] = ra
+		}
 	}
 	if len(order) > 0 {
 		v = append(v, "per-key order: "+list(order))
 	}
 	return v
 }
+
+var kindNames = [...]string{RowInsert: "insert", RowEmit: "outbox_emit", RowForged: "forged", RowReplayed: "replayed", RowForeign: "foreign"}
 
 func list(items []string) string {
 	if len(items) > maxListed {

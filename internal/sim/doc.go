@@ -10,7 +10,10 @@
 // One seed (math/rand/v2's PCG) draws the workload — transactions of 1 to
 // N rows, keys from a small set so that per-key order is tested, payload
 // sizes, idle WAL of other tables between transactions, a table described
-// again mid-stream — and the fault schedule. Each replication connection,
+// again mid-stream, logical decoding messages among the rows: outbox_emit's
+// (signed and bound to their transaction: events), forged ones, authentic
+// content emitted again in another transaction, and other prefixes' of up
+// to 240 KB — and the fault schedule. Each replication connection,
 // in accept order, may be dropped at a set-up boundary (before the startup
 // answer, IDENTIFY_SYSTEM, the slot query or START_REPLICATION is answered,
 // right after CopyBothResponse while the session sets up, at the first
@@ -27,8 +30,8 @@
 // the run waits, bounded, for the slot's confirmed position to reach the
 // WAL's end (the progress invariant: a hang fails with a dump of every
 // goroutine), stops the service, and checks what a read_committed consumer
-// sees (check): nothing confirmed that is not in Kafka, every event
-// delivered (exactly once, and no PostgreSQL transaction torn, in
+// sees (check): nothing confirmed that is not in Kafka, no record of a
+// message that is not an event, every event delivered (exactly once, and no PostgreSQL transaction torn, in
 // exactly-once mode), and per-key order of first deliveries. The walsender
 // checks on its own that no connection confirms past what it was sent.
 //
@@ -41,5 +44,7 @@
 //
 //	go test ./internal/sim -run TestSim -sim.seed=N -v
 //
-// (-sim.verbose adds the service's log), and run many with make sim SEEDS=N.
+// (-sim.verbose adds the service's log), and run many with make sim SEEDS=N
+// (side by side: a run waits on its timers and faults far more than it
+// computes, so SIM_PARALLEL runs at once take about the CPU of one).
 package sim

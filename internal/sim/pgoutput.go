@@ -1,11 +1,18 @@
 package sim
 
 import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
+	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd/replication"
 )
 
 // pgoutput protocol version 1 messages, laid out as pglogrepl's message.go
@@ -94,6 +101,58 @@ func encodeInsert(r Row) []byte {
 		b = append(b, v...)
 	}
 	return b
+}
+
+// The key outbox_emit signs with in the scripted database, the next one a
+// rotation would install, and the key a forger signs with: any key but
+// outbox_emit's.
+var (
+	emitKey     = []byte("sim: the key of outbox_emit_key.")
+	nextEmitKey = []byte("sim: the next key of the rotation")
+	forgerKey   = []byte("sim: a key that is not outbox_emit's")
+)
+
+// hmacPad is HMAC's inner or outer pad of a short key, as
+// outbox_emit_pad computes it.
+func hmacPad(key []byte, pad byte) []byte {
+	b := bytes.Repeat([]byte{pad}, 64)
+	for i, c := range key {
+		b[i] = c ^ pad
+	}
+	return b
+}
+
+// emitContent is what outbox_emit writes for r in the transaction of full
+// id xid, signed with key: format v3 (replication.MessagePrefix's layout).
+func emitContent(r Row, xid uint64, key []byte) []byte {
+	signed := fmt.Sprintf("%d:%d:%s%d:%s%d:%s%s", xid, len(r.Topic), r.Topic, len(r.Key), r.Key, 2, "{}", r.Payload)
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("v3:"))
+	m.Write([]byte(signed))
+	return []byte("v3:" + hex.EncodeToString(m.Sum(nil)) + ":" + signed)
+}
+
+// encodeMessage is the transactional logical decoding message of r (a
+// message kind) at lsn in the transaction xid.
+func encodeMessage(lsn pglogrepl.LSN, r Row, xid uint32) []byte {
+	prefix, content := replication.MessagePrefix, []byte(nil)
+	switch r.Kind {
+	case RowEmit:
+		content = emitContent(r, uint64(xid), emitKey)
+	case RowForged:
+		content = emitContent(r, uint64(xid), forgerKey)
+	case RowReplayed:
+		// What outbox_emit wrote for the same event in an earlier
+		// transaction, emitted again.
+		content = emitContent(r, uint64(xid)-1-uint64(len(r.Key)), emitKey)
+	default:
+		prefix, content = "app.audit", []byte(r.Payload)
+	}
+	b := []byte{'M', 1}
+	b = binary.BigEndian.AppendUint64(b, uint64(lsn))
+	b = append(append(b, prefix...), 0)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(content)))
+	return append(b, content...)
 }
 
 func xlogData(start pglogrepl.LSN, walData []byte) []byte {

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,11 +29,14 @@ type Sizes struct {
 	// was): set-up requests, the checkpoint read, connections cut.
 	MoreKafkaFaults int
 	Partitions      int32 // partitions of Topic
+	// Messages adds logical decoding messages to the workload (see
+	// Plan.addMessages).
+	Messages bool
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -203,7 +207,44 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 			p.Conn[i].Crash = true
 		}
 	}
+	if sz.Messages {
+		p.addMessages(r)
+	}
 	return p
+}
+
+// addMessages puts logical decoding messages into about a quarter of the
+// transactions, at random places among their rows: mostly outbox_emit's
+// (events), some forged, replayed or of another prefix (never events).
+// Drawn after everything else, so that a seed's rows and faults are those
+// it drew without them; only the WAL positions move.
+func (p *Plan) addMessages(r *rand.Rand) {
+	for i, rows := range p.Txns {
+		if r.IntN(4) != 0 {
+			continue
+		}
+		for range 1 + r.IntN(2) {
+			m := Row{Key: fmt.Sprintf("agg-%d", r.IntN(p.Sizes.Keys)), Topic: Topic}
+			switch k := r.IntN(20); {
+			case k < 12:
+				m.Kind = RowEmit
+			case k < 15:
+				m.Kind = RowForged
+			case k < 18:
+				m.Kind = RowReplayed
+			default:
+				m.Kind = RowForeign
+			}
+			size := 8 + r.IntN(400)
+			if m.Kind == RowForeign && r.IntN(2) == 0 {
+				size = 40000 + r.IntN(200000) // spans many reads of the frame filter
+			}
+			m.Payload = fmt.Sprintf(`{"emitted": %d, "pad": "%s"}`, i, strings.Repeat("y", size))
+			at := r.IntN(len(rows) + 1)
+			rows = slices.Insert(rows, at, m)
+		}
+		p.Txns[i] = rows
+	}
 }
 
 // ConnFault is the fault scripted for connection n.
@@ -214,11 +255,15 @@ func (p *Plan) ConnFault(n int) ConnFault {
 	return ConnFault{}
 }
 
-// Events is the number of outbox rows.
+// Events is the number of events: outbox rows and outbox_emit's messages.
 func (p *Plan) Events() int {
 	n := 0
 	for _, t := range p.Txns {
-		n += len(t)
+		for _, r := range t {
+			if r.Event() {
+				n++
+			}
+		}
 	}
 	return n
 }

@@ -223,6 +223,9 @@ func serviceConfig(delivery string) publisher.Config {
 func streamConfig(connString string) replication.StreamConfig {
 	c := replication.DefaultStreamConfig()
 	c.ConnString = connString
+	// As outboxd run's default source (the table and outbox_emit's
+	// messages): the session reads the key from the walsender.
+	c.Decoder.Messages = true
 	// Status updates every 10 ms: the set-up keepalive sends several while
 	// a session sets up, and the settle wait sees progress soon.
 	c.StatusInterval = 10 * time.Millisecond

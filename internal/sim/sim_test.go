@@ -4,7 +4,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ var (
 	firstFlag = flag.Uint64("sim.first", 1000, "the first seed -sim.seeds runs")
 	verbose   = flag.Bool("sim.verbose", false, "log the service at info level")
 	settleFor = flag.Duration("sim.settle", 30*time.Second, "how long the system may take to settle after the faults stop before the run counts as hung")
+	parallel  = flag.Bool("sim.parallel", false, "run the seeds side by side, up to -test.parallel at once: a run spends most of its time waiting on its own timers and faults, not on the CPU")
 )
 
 // testSeeds are TestSim's runs under make test: both delivery modes (a
@@ -45,43 +48,61 @@ func TestSim(t *testing.T) {
 			seeds = append(seeds, *firstFlag+uint64(i))
 		}
 	}
-	var failed []string
-	for _, seed := range seeds {
-		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
-			log := zap.NewNop()
-			if *verbose {
-				log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
-			}
-			rep := Run(Options{Seed: seed, Sizes: DefaultSizes(), Settle: *settleFor, Log: log})
-			if rep.Failed() {
-				failed = append(failed, fmt.Sprintf("seed %d (%s): %s", seed, rep.Delivery, rep.Violations[0]))
-			}
-			t.Logf("%s: %d txns, %d events, %d records read, %d connections, confirmed %s of %s, %s",
-				rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.Connections, rep.Confirmed, rep.WALEnd, rep.Took)
-			if !rep.Failed() && !*verbose {
-				return
-			}
-			t.Logf("faults:\n  %s", strings.Join(rep.Fired, "\n  "))
-			t.Logf("connections:\n  %s", strings.Join(rep.Ended, "\n  "))
-			for _, v := range rep.Violations {
-				t.Errorf("seed %d (%s): %s", seed, rep.Delivery, v)
-			}
-			if rep.Goroutines != "" {
-				f, err := os.CreateTemp("", fmt.Sprintf("sim-seed-%d-goroutines-*.txt", seed))
-				if err == nil {
-					_, _ = f.WriteString(rep.Goroutines)
-					f.Close()
-					t.Logf("every goroutine at the hang: %s", f.Name())
+	var (
+		mu     sync.Mutex
+		failed []string
+	)
+	// The seeds run inside one group so that the summary below waits for
+	// parallel ones.
+	t.Run("seeds", func(t *testing.T) {
+		for _, seed := range seeds {
+			t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+				if *parallel {
+					t.Parallel()
 				}
-				t.Logf("goroutines (head):\n%s", head(rep.Goroutines, 12000))
-			}
-			if rep.Failed() {
-				t.Logf("replay: go test ./internal/sim -run TestSim -sim.seed=%d -v", seed)
-			}
-		})
-	}
+				runSeed(t, seed, &mu, &failed)
+			})
+		}
+	})
 	if len(failed) > 0 {
+		slices.Sort(failed)
 		t.Logf("%d of %d seeds failed:\n  %s", len(failed), len(seeds), strings.Join(failed, "\n  "))
+	}
+}
+
+// runSeed runs one seed and reports it; a failure is also added to failed.
+func runSeed(t *testing.T, seed uint64, mu *sync.Mutex, failed *[]string) {
+	log := zap.NewNop()
+	if *verbose {
+		log = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	}
+	rep := Run(Options{Seed: seed, Sizes: DefaultSizes(), Settle: *settleFor, Log: log})
+	if rep.Failed() {
+		mu.Lock()
+		*failed = append(*failed, fmt.Sprintf("seed %d (%s): %s", seed, rep.Delivery, rep.Violations[0]))
+		mu.Unlock()
+	}
+	t.Logf("%s: %d txns, %d events, %d records read, %d connections, confirmed %s of %s, %s",
+		rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.Connections, rep.Confirmed, rep.WALEnd, rep.Took)
+	if !rep.Failed() && !*verbose {
+		return
+	}
+	t.Logf("faults:\n  %s", strings.Join(rep.Fired, "\n  "))
+	t.Logf("connections:\n  %s", strings.Join(rep.Ended, "\n  "))
+	for _, v := range rep.Violations {
+		t.Errorf("seed %d (%s): %s", seed, rep.Delivery, v)
+	}
+	if rep.Goroutines != "" {
+		f, err := os.CreateTemp("", fmt.Sprintf("sim-seed-%d-goroutines-*.txt", seed))
+		if err == nil {
+			_, _ = f.WriteString(rep.Goroutines)
+			f.Close()
+			t.Logf("every goroutine at the hang: %s", f.Name())
+		}
+		t.Logf("goroutines (head):\n%s", head(rep.Goroutines, 12000))
+	}
+	if rep.Failed() {
+		t.Logf("replay: go test ./internal/sim -run TestSim -sim.seed=%d -v", seed)
 	}
 }
 

@@ -2,9 +2,12 @@ package sim
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,13 +17,33 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 )
 
-// Row is one outbox row of the scripted WAL. IDs grow in commit order.
+// Row is one outbox row of the scripted WAL, or one logical decoding
+// message (Kind). Table rows' IDs grow in commit order; a message's ID is
+// its LSN, the outbox-id outboxd gives it, set when it is committed.
 type Row struct {
 	ID      int64
 	Key     string
 	Topic   string
 	Payload string // JSON text, as jsonb's output function writes it
+	Kind    RowKind
 }
+
+// RowKind is what a Row is in the WAL.
+type RowKind uint8
+
+const (
+	RowInsert RowKind = iota // an INSERT into the outbox table
+	// RowEmit is outbox_emit's message: format v3, signed with the key
+	// and bound to its transaction's xid. An event, published.
+	RowEmit
+	// The messages below are not events: nothing of them may reach Kafka.
+	RowForged   // outboxd's prefix, signed with another key (bad_mac)
+	RowReplayed // authentic content signed in another transaction, emitted again (replayed)
+	RowForeign  // another prefix (the frame filter drops its content unread)
+)
+
+// Event reports whether the row is an event outboxd must publish.
+func (r Row) Event() bool { return r.Kind == RowInsert || r.Kind == RowEmit }
 
 // Txn is one committed PostgreSQL transaction in the walsender's WAL.
 type Txn struct {
@@ -53,6 +76,10 @@ func (t *Txn) messages(withRelation bool) []walMsg {
 		at := t.Begin + pglogrepl.LSN(0x40*(i+1))
 		if (withRelation || t.Relation) && i == 0 {
 			out = append(out, walMsg{at, encodeRelation(), 'R'})
+		}
+		if r.Kind != RowInsert {
+			out = append(out, walMsg{at, encodeMessage(at, r, t.Xid), 'M'})
+			continue
 		}
 		out = append(out, walMsg{at, encodeInsert(r), 'I'})
 	}
@@ -199,8 +226,13 @@ func (w *Walsender) ConnString() string {
 func (w *Walsender) Commit(rows []Row, idle int, relation bool) *Txn {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	t := &Txn{Index: len(w.txns), Xid: w.nextXid, Begin: w.walEnd, Rows: rows, Relation: relation}
+	t := &Txn{Index: len(w.txns), Xid: w.nextXid, Begin: w.walEnd, Rows: slices.Clone(rows), Relation: relation}
 	w.nextXid++
+	for i := range t.Rows {
+		if t.Rows[i].Kind != RowInsert {
+			t.Rows[i].ID = int64(t.Begin) + int64(0x40*(i+1)) // as Txn.messages places it
+		}
+	}
 	t.CommitLSN = t.Begin + pglogrepl.LSN(0x40*(len(rows)+1))
 	t.End = t.CommitLSN + 0x30
 	w.walEnd = t.End + pglogrepl.LSN(idle)
@@ -493,6 +525,14 @@ func (c *wconn) session() error {
 				if err := c.slotQuery(); err != nil {
 					return err
 				}
+			case strings.Contains(q, "outbox_emit_key") && strings.Contains(q, "to_regprocedure"):
+				if err := c.emitInstalled(); err != nil {
+					return err
+				}
+			case strings.Contains(q, "pg_snapshot_xmax"):
+				if err := c.emitKey(); err != nil {
+					return err
+				}
 			case strings.HasPrefix(q, "START_REPLICATION"):
 				if c.setupFault(StageStartReplication) {
 					return nil
@@ -519,6 +559,37 @@ func (c *wconn) identifySystem() error {
 		{Name: []byte("xlogpos"), DataTypeOID: 25}, {Name: []byte("dbname"), DataTypeOID: 25},
 	}}, &pgproto3.DataRow{Values: [][]byte{[]byte("7000000000000000001"), []byte("1"), []byte(end.String()), []byte("app")}},
 		&pgproto3.CommandComplete{CommandTag: []byte("IDENTIFY_SYSTEM")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+}
+
+// emitInstalled answers the session's question whether outbox_emit and its
+// key are installed in the outbox table's schema: they are, migration 009's,
+// readable by the session's role.
+func (c *wconn) emitInstalled() error {
+	f := []pgproto3.FieldDescription{{Name: []byte("emit"), DataTypeOID: 16}, {Name: []byte("tbl"), DataTypeOID: 16},
+		{Name: []byte("v3"), DataTypeOID: 16}, {Name: []byte("readable"), DataTypeOID: 16}, {Name: []byte("current_user"), DataTypeOID: 19}}
+	return c.send(&pgproto3.RowDescription{Fields: f},
+		&pgproto3.DataRow{Values: [][]byte{[]byte("t"), []byte("t"), []byte("t"), []byte("t"), []byte("outboxd")}},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
+}
+
+// emitKey answers the read of outbox_emit_key: the key outbox_emit signs
+// with, its pads, the next key, no previous one, installed (with format v3)
+// before the WAL's start, and the server's next transaction id.
+func (c *wconn) emitKey() error {
+	var f []pgproto3.FieldDescription
+	for range 8 {
+		f = append(f, pgproto3.FieldDescription{Name: []byte("v"), DataTypeOID: 25})
+	}
+	c.w.mu.Lock()
+	next := c.w.nextXid
+	c.w.mu.Unlock()
+	row := [][]byte{
+		[]byte(hex.EncodeToString(emitKey)), []byte(hex.EncodeToString(hmacPad(emitKey, 0x36))),
+		[]byte(hex.EncodeToString(hmacPad(emitKey, 0x5c))), []byte(hex.EncodeToString(nextEmitKey)), {},
+		[]byte("0/0"), []byte("0/0"), []byte(strconv.FormatUint(uint64(next), 10)),
+	}
+	return c.send(&pgproto3.RowDescription{Fields: f}, &pgproto3.DataRow{Values: row},
+		&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")}, &pgproto3.ReadyForQuery{TxStatus: 'I'})
 }
 
 func (c *wconn) slotQuery() error {
