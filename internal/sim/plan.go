@@ -13,8 +13,12 @@ import (
 	"github.com/outboxd/outboxd/publisher"
 )
 
-// Topic is the event topic of the simulated outbox.
-const Topic = "orders"
+// Topic is the event topic of the simulated outbox, CheckpointTopic the
+// service's checkpoint topic.
+const (
+	Topic           = "orders"
+	CheckpointTopic = "outboxd.checkpoints"
+)
 
 // Sizes bound a run's workload and fault schedule.
 type Sizes struct {
@@ -28,7 +32,11 @@ type Sizes struct {
 	// the others, so that adding them left what a seed drew before as it
 	// was): set-up requests, the checkpoint read, connections cut.
 	MoreKafkaFaults int
-	Partitions      int32 // partitions of Topic
+	// Brokers is kfake's cluster size (0: one); Moves are leader or
+	// coordinator moves among them, drawn last of all.
+	Brokers    int32
+	Moves      int
+	Partitions int32 // partitions of Topic
 	// Messages adds logical decoding messages to the workload (see
 	// Plan.addMessages).
 	Messages bool
@@ -36,7 +44,7 @@ type Sizes struct {
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -64,9 +72,24 @@ type KafkaFault struct {
 	// Cut closes the client's connection instead of answering (the request
 	// is not applied): Count requests.
 	Cut bool
+	// Move elects a new leader, node MoveTo, for partition MovePartition
+	// of MoveTopic (its epoch goes up: requests to the old leader are
+	// answered NOT_LEADER_FOR_PARTITION); Rehash moves every transaction
+	// coordinator instead. Neither has a Key or a Count.
+	Move          bool
+	MoveTopic     string
+	MovePartition int32
+	MoveTo        int32
+	Rehash        bool
 }
 
 func (f KafkaFault) String() string {
+	switch {
+	case f.Move:
+		return fmt.Sprintf("burst %d: the leader of %s/%d moves to broker %d", f.At, f.MoveTopic, f.MovePartition, f.MoveTo)
+	case f.Rehash:
+		return fmt.Sprintf("burst %d: the transaction coordinators move", f.At)
+	}
 	if f.Cut {
 		return fmt.Sprintf("burst %d: the broker cuts the connection of %d %s requests", f.At, f.Count, f.Key.Name())
 	}
@@ -209,6 +232,21 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 	}
 	if sz.Messages {
 		p.addMessages(r)
+	}
+	for range sz.Moves {
+		if sz.Brokers < 2 {
+			break
+		}
+		f := KafkaFault{At: r.IntN(len(p.Bursts)), MoveTo: r.Int32N(sz.Brokers)}
+		switch k := r.IntN(5); {
+		case k < 3:
+			f.Move, f.MoveTopic, f.MovePartition = true, Topic, r.Int32N(sz.Partitions)
+		case k < 4:
+			f.Move, f.MoveTopic = true, CheckpointTopic
+		default:
+			f.Rehash = true
+		}
+		p.Kafka = append(p.Kafka, f)
 	}
 	return p
 }

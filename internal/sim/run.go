@@ -79,7 +79,7 @@ func Run(opts Options) *Report {
 		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
 	}
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(opts.Sizes.Partitions, Topic))
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(int(max(1, opts.Sizes.Brokers))), kfake.SeedTopics(opts.Sizes.Partitions, Topic))
 	if err != nil {
 		fail("start kfake: %v", err)
 		return rep
@@ -206,7 +206,7 @@ func goroutines() string {
 func serviceConfig(delivery string) publisher.Config {
 	c := publisher.DefaultConfig()
 	c.Delivery = delivery
-	c.CheckpointTopic = "outboxd.checkpoints"
+	c.CheckpointTopic = CheckpointTopic
 	c.CheckpointInterval = 50 * time.Millisecond
 	c.TxnMaxAge = 20 * time.Millisecond
 	c.RestartBackoffMin = 10 * time.Millisecond
@@ -276,6 +276,15 @@ func (in *injected) hits() int {
 func injectKafka(c *kfake.Cluster, f KafkaFault) *injected {
 	in := &injected{f: f}
 	switch {
+	case f.Move:
+		// The checkpoint topic exists once a session created it: a move
+		// before that finds no partition and does nothing (hits 0).
+		if c.MoveTopicPartition(f.MoveTopic, f.MovePartition, f.MoveTo) == nil {
+			in.cuts.Store(1)
+		}
+	case f.Rehash:
+		c.RehashCoordinators()
+		in.cuts.Store(1)
 	case f.Cut:
 		left := int64(f.Count)
 		c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
