@@ -13,19 +13,15 @@ import (
 //	outboxd completion zsh > "${fpath[1]}/_outboxd"
 //
 // It completes the commands, the slot and config subcommands, and the flags
-// of run (a superset of the other commands' flags).
+// of every command.
 func cmdCompletion(w io.Writer, args []string) error {
 	if len(args) != 1 {
 		return usageErrorf("completion needs a shell: bash or zsh")
 	}
-	flags := make([]string, 0, 96)
-	for k := range knownKeys() {
-		flags = append(flags, "--"+k)
+	var flags []string
+	for _, name := range settingNames() {
+		flags = append(flags, "--"+name)
 	}
-	for _, k := range append([]string{configFlag}, commandOnlyKeys...) {
-		flags = append(flags, "--"+k)
-	}
-	slices.Sort(flags)
 	cmds := strings.Join(append(slices.Clone(commandNames), "completion"), " ")
 	switch args[0] {
 	case "bash":
