@@ -67,7 +67,7 @@ func newFlagSet(name string, o *options) *flagSet {
 	fs := newSettings("outboxd " + name)
 	*o = options{slot: slot.DefaultConfig(), pub: publisher.DefaultConfig()}
 	fs.StringVar(&o.pgDSN, "pg-dsn", "", "PostgreSQL connection string (URL or key=value); the role needs REPLICATION", inPG, secret, redactWith(redactDSN),
-		doc("PostgreSQL connection string (URL or key=value); the role needs `REPLICATION`. Its password is never printed"))
+		doc("PostgreSQL connection string (URL or key=value); the role needs `REPLICATION`"))
 	fs.StringVar(&o.slot.Slot, "slot", o.slot.Slot, "logical replication slot (pgoutput), cluster-wide name", inPG)
 	fs.StringVar(&o.slot.Publication, "publication", o.slot.Publication, "publication of the outbox table", inPG)
 	fs.StringVar(&o.slot.Schema, "schema", o.slot.Schema, "schema of the outbox table", inPG)
@@ -77,7 +77,7 @@ func newFlagSet(name string, o *options) *flagSet {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error", inOps, choices("debug", "info", "warn", "error"))
 	fs.BoolVar(&o.logJSON, "log-json", false, "log as JSON lines instead of console text", inOps)
 	fs.String(configFlag, "", "YAML file of settings, keys named like the flags (precedence: flag > env > file > default)", inOps, cliOnly,
-		doc("YAML file of settings, keys named like the flags ([above](#where-settings-come-from)); on the command line or as `OUTBOXD_CONFIG` only"))
+		doc("YAML file of settings, keys named like the flags ([above](#where-settings-come-from)); on the command line or as `OUTBOXD_CONFIG`"))
 	return fs
 }
 

@@ -44,6 +44,13 @@ var helpGroups = []string{
 	groupDemo:     "Demo only (never in production)",
 }
 
+// groupDocs say, in configuration.md, where a group's background is.
+var groupDocs = map[group]string{
+	groupKafka:    "TLS and SASL: [Security](#security); the Schema Registry: [formats](formats.md)",
+	groupShape:    "[shapes](shapes.md) and [formats](formats.md) say what each shape and format writes",
+	groupDelivery: "[delivery modes](guarantees.md#delivery-modes-at-least-once-and-exactly-once)",
+}
+
 // setting is one flag's entry in the table.
 type setting struct {
 	name  string
