@@ -2,7 +2,9 @@ package main
 
 import (
 	"flag"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -52,6 +54,26 @@ func TestSecretsComeFromTheTable(t *testing.T) {
 	for key := range knownKeys() {
 		if allSettings()[key].cliOnly {
 			t.Errorf("%s is a file key and command-line only", key)
+		}
+	}
+}
+
+// TestEveryCommandIsInTheTable: a command with flags that commandFlagSets
+// does not build would be unknown to the environment's warnings, to
+// completion and to configuration.md.
+func TestEveryCommandIsInTheTable(t *testing.T) {
+	inTable := map[string]bool{}
+	for _, build := range commandFlagSets {
+		inTable[strings.TrimPrefix(build().Name(), "outboxd ")] = true
+	}
+	withFlags := regexp.MustCompile(`(?m)^  outboxd ((?:[a-z-]+ )*?[a-z-]+) (?:\[flags\]|--)`)
+	cmds := withFlags.FindAllStringSubmatch(usage, -1)
+	if len(cmds) < 10 {
+		t.Fatalf("found only %d commands with flags in the usage: %v", len(cmds), cmds)
+	}
+	for _, m := range cmds {
+		if !inTable[m[1]] {
+			t.Errorf("outboxd %s takes flags but is not in commandFlagSets", m[1])
 		}
 	}
 }
