@@ -26,6 +26,13 @@ func adminConn(ctx context.Context, o *options) (*pgx.Conn, error) {
 	return conn, nil
 }
 
+func migrateFlags(o *options) *flagSet {
+	fs := newFlagSet("migrate", o)
+	fs.StringVar(&o.poll.source, "source", sourceCDC, "the source outboxd run will use: cdc (the outbox table and outbox_emit), messages (outbox_emit only; the table is created but unused) or poll (also the published_at column and the partial index the poller needs, on --schema/--table)", inShape,
+		choices(sourceCDC, sourceMessages, sourcePoll))
+	return fs
+}
+
 // cmdMigrate applies what outboxd itself needs: its embedded migrations
 // (the outbox table public.outbox) and, with --source=poll, the poller's
 // published_at column and partial index on the --schema/--table outbox
@@ -33,8 +40,7 @@ func adminConn(ctx context.Context, o *options) (*pgx.Conn, error) {
 // examples' tables (examples/internal/brew) ship with their owners.
 func cmdMigrate(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("migrate", &o)
-	fs.StringVar(&o.poll.source, "source", sourceCDC, "the source outboxd run will use: cdc (the outbox table and outbox_emit), messages (outbox_emit only; the table is created but unused) or poll (also the published_at column and the partial index the poller needs, on --schema/--table)")
+	fs := migrateFlags(&o)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -98,13 +104,18 @@ func cmdMigrate(ctx context.Context, args []string) error {
 	return nil
 }
 
+func emitKeyRotateFlags(o *options) (*flagSet, *bool) {
+	fs := newFlagSet("emit-key rotate", o)
+	forget := fs.Bool("forget-old-keys", false, "replace all three keys (signing, staged and previous) at once, after they leaked; pause the writers, let outboxd drain and restart it around it: running sessions know none of the new keys")
+	return fs, forget
+}
+
 // cmdEmitKeyRotate is "outboxd emit-key rotate": SELECT
 // outbox_emit_rotate_key() in --schema, as the role that ran migrate (it
 // owns the key table; nobody else may rotate).
 func cmdEmitKeyRotate(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("emit-key rotate", &o)
-	forget := fs.Bool("forget-old-keys", false, "replace all three keys (signing, staged and previous) at once, after they leaked; pause the writers, let outboxd drain and restart it around it: running sessions know none of the new keys")
+	fs, forget := emitKeyRotateFlags(&o)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -148,10 +159,17 @@ func cmdSlotCreate(ctx context.Context, args []string) error {
 	return nil
 }
 
+// slotDropFlags: --publication-too is no key of a file, which every command
+// reads: a shared file must never drop a publication.
+func slotDropFlags(o *options) *flagSet {
+	fs := newFlagSet("slot drop", o)
+	fs.BoolVar(&o.dropPublication, "publication-too", false, "also drop the publication", cliOnly)
+	return fs
+}
+
 func cmdSlotDrop(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("slot drop", &o)
-	fs.BoolVar(&o.dropPublication, "publication-too", false, "also drop the publication")
+	fs := slotDropFlags(&o)
 	if err := parse(fs, args); err != nil {
 		return err
 	}

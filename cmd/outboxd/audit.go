@@ -20,28 +20,43 @@ import (
 // verdict.
 var errAudit = errors.New("audit: not clean")
 
+type auditArgs struct {
+	cfg                          audit.Config
+	since, until, fromOffsetTime string
+	topics                       *stringList
+	asJSON, allowDup, repair     bool
+	batch                        int
+}
+
+func auditFlags(o *options) (*flagSet, *auditArgs) {
+	fs := newFlagSet("audit", o)
+	addRunFlags(fs, o)
+	a := auditArgs{cfg: audit.DefaultConfig(), topics: new(stringList)}
+	fs.Int64Var(&a.cfg.FromID, "from-id", 0, "audit the rows with an id from this one")
+	fs.Int64Var(&a.cfg.ToID, "to-id", 0, "with --from-id: up to this id (0: the highest in the table)")
+	fs.StringVar(&a.since, "since", "", "audit the rows created at or after this time (RFC 3339), instead of --from-id")
+	fs.StringVar(&a.until, "until", "", "with --since: the rows created before this time (default: now)")
+	fs.StringVar(&a.fromOffsetTime, "from-offset-time", "", "read each partition from the first record at or after this time (RFC 3339; outboxd's record timestamp is the row's created_at) instead of from its start: at or before the oldest created_at audited")
+	fs.Var(a.topics, "topic", "also read this topic (repeatable): one whose rows retention deleted, for the records with no row")
+	fs.BoolVar(&a.asJSON, "json", false, "print the report as JSON", cliOnly)
+	fs.DurationVar(&a.cfg.StableTimeout, "stable-timeout", a.cfg.StableTimeout, "how long to wait for each partition's last stable offset to reach its high watermark (an open transaction holds it)")
+	fs.IntVar(&a.cfg.Examples, "examples", a.cfg.Examples, "ids listed per verdict and topic")
+	fs.BoolVar(&a.allowDup, "allow-duplicates", false, "duplicates do not fail the audit (at-least-once delivery allows them)")
+	fs.BoolVar(&a.repair, "repair", false, "republish exactly the missing rows (replay's path: same ids, consumers deduplicate), then audit again")
+	fs.IntVar(&a.batch, "replay-batch", 1000, "with --repair: rows read and published per round")
+	return fs, &a
+}
+
 // cmdAudit proves delivery for a range of outbox rows (package audit): it
 // takes run's settings, so that it reads the topics, table and record shape
 // outboxd publishes with; --repair republishes the missing rows through
 // replay's path and audits again.
 func cmdAudit(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("audit", &o)
-	addRunFlags(fs, &o)
-	cfg := audit.DefaultConfig()
-	fs.Int64Var(&cfg.FromID, "from-id", 0, "audit the rows with an id from this one")
-	fs.Int64Var(&cfg.ToID, "to-id", 0, "with --from-id: up to this id (0: the highest in the table)")
-	since := fs.String("since", "", "audit the rows created at or after this time (RFC 3339), instead of --from-id")
-	until := fs.String("until", "", "with --since: the rows created before this time (default: now)")
-	fromOffsetTime := fs.String("from-offset-time", "", "read each partition from the first record at or after this time (RFC 3339; outboxd's record timestamp is the row's created_at) instead of from its start: at or before the oldest created_at audited")
-	var topics stringList
-	fs.Var(&topics, "topic", "also read this topic (repeatable): one whose rows retention deleted, for the records with no row")
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	fs.DurationVar(&cfg.StableTimeout, "stable-timeout", cfg.StableTimeout, "how long to wait for each partition's last stable offset to reach its high watermark (an open transaction holds it)")
-	fs.IntVar(&cfg.Examples, "examples", cfg.Examples, "ids listed per verdict and topic")
-	allowDup := fs.Bool("allow-duplicates", false, "duplicates do not fail the audit (at-least-once delivery allows them)")
-	repair := fs.Bool("repair", false, "republish exactly the missing rows (replay's path: same ids, consumers deduplicate), then audit again")
-	batch := fs.Int("replay-batch", 1000, "with --repair: rows read and published per round")
+	fs, a := auditFlags(&o)
+	cfg, topics := &a.cfg, a.topics
+	since, until, fromOffsetTime := &a.since, &a.until, &a.fromOffsetTime
+	asJSON, allowDup, repair, batch := &a.asJSON, &a.allowDup, &a.repair, &a.batch
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -64,7 +79,7 @@ func cmdAudit(ctx context.Context, args []string) error {
 		return &UsageError{Msg: err.Error()}
 	}
 	defer logger.Sync()
-	cfg.Schema, cfg.Table, cfg.Mapping, cfg.Topics = o.slot.Schema, o.slot.Table, o.pub.Mapping, topics
+	cfg.Schema, cfg.Table, cfg.Mapping, cfg.Topics = o.slot.Schema, o.slot.Table, o.pub.Mapping, *topics
 	cfg.CheckContent = o.defaultRecordShape()
 	if err := cfg.Validate(); err != nil {
 		return &UsageError{Msg: "invalid configuration: " + err.Error()}
@@ -77,7 +92,7 @@ func cmdAudit(ctx context.Context, args []string) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer conn.Close(context.Background())
-	rep, err := audit.Run(ctx, conn, kcfg, cfg)
+	rep, err := audit.Run(ctx, conn, kcfg, *cfg)
 	if err != nil {
 		return err
 	}
@@ -91,7 +106,7 @@ func cmdAudit(ctx context.Context, args []string) error {
 			return fmt.Errorf("repair stopped after %d rows: %w", n, err)
 		}
 		fmt.Fprintf(os.Stderr, "audit: republished %d missing rows; auditing again\n", n)
-		if rep, err = audit.Run(ctx, conn, kcfg, cfg); err != nil {
+		if rep, err = audit.Run(ctx, conn, kcfg, *cfg); err != nil {
 			return err
 		}
 	}

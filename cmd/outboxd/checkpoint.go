@@ -23,11 +23,16 @@ import (
 // checkpoint over at the slot's position on the server's current history,
 // with the next origin generation. The slot is created first when missing,
 // so nothing written from now on falls before it.
+func checkpointResetFlags(o *options) (*flagSet, *bool) {
+	fs := newFlagSet("checkpoint reset", o)
+	addRunFlags(fs, o)
+	toCurrent := fs.Bool("to-current-history", false, "required: start the checkpoint over on the server's current WAL history")
+	return fs, toCurrent
+}
+
 func cmdCheckpointReset(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("checkpoint reset", &o)
-	addRunFlags(fs, &o)
-	toCurrent := fs.Bool("to-current-history", false, "required: start the checkpoint over on the server's current WAL history")
+	fs, toCurrent := checkpointResetFlags(&o)
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -154,6 +154,8 @@ func TestBashCompletionCompletesCommandsAndFlags(t *testing.T) {
 		{"outboxd sl", "1", "slot"},
 		{"outboxd run --kafka-br", "2", "--kafka-brokers"},
 		{"outboxd slot st", "2", "status"},
+		{"outboxd run --delivery ex", "3", "exactly-once"},
+		{"outboxd migrate --source p", "3", "poll"},
 	} {
 		out, err := exec.Command("bash", "-c", `source "$1"; read -ra COMP_WORDS <<< "$2"; COMP_CWORD=$3; _outboxd; echo "${COMPREPLY[*]}"`,
 			"bash", file, c.words, c.cword).CombinedOutput()

@@ -109,6 +109,9 @@ func dispatch(ctx context.Context, args []string) error {
 		return cmdVersion(os.Stdout)
 	case "completion":
 		return cmdCompletion(os.Stdout, rest)
+	case "docs":
+		// Hidden: make docs regenerates configuration.md's settings.
+		return cmdDocs(rest)
 	}
 	return usageErrorf("unknown command %q%s (commands: %s)", cmd, didYouMean(cmd, commandNames...), strings.Join(commandNames, ", "))
 }

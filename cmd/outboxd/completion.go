@@ -12,26 +12,33 @@ import (
 //	source <(outboxd completion bash)
 //	outboxd completion zsh > "${fpath[1]}/_outboxd"
 //
-// It completes the commands, the slot and config subcommands, and the flags
-// of run (a superset of the other commands' flags).
+// It completes the commands, the slot and config subcommands, the flags of
+// every command, and the values of the flags whose table entry lists them.
 func cmdCompletion(w io.Writer, args []string) error {
 	if len(args) != 1 {
 		return usageErrorf("completion needs a shell: bash or zsh")
 	}
-	flags := make([]string, 0, 96)
-	for k := range knownKeys() {
-		flags = append(flags, "--"+k)
+	var flags []string
+	var bashValues, zshValues strings.Builder
+	for _, name := range settingNames() {
+		flags = append(flags, "--"+name)
+		if v := allSettings()[name].values; len(v) > 0 {
+			fmt.Fprintf(&bashValues, "\t--%s) values=%q ;;\n", name, strings.Join(v, " "))
+			fmt.Fprintf(&zshValues, "\t\t--%s) compadd -- %s ;;\n", name, strings.Join(v, " "))
+		}
 	}
-	for _, k := range append([]string{configFlag}, commandOnlyKeys...) {
-		flags = append(flags, "--"+k)
-	}
-	slices.Sort(flags)
 	cmds := strings.Join(append(slices.Clone(commandNames), "completion"), " ")
 	switch args[0] {
 	case "bash":
 		_, err := fmt.Fprintf(w, `# bash completion for outboxd: source <(outboxd completion bash)
+_outboxd_values() {
+	local values
+	case $1 in
+%s	esac
+	echo "$values"
+}
 _outboxd() {
-	local cur=${COMP_WORDS[COMP_CWORD]}
+	local cur=${COMP_WORDS[COMP_CWORD]} values
 	if [[ $COMP_CWORD -eq 1 ]]; then
 		mapfile -t COMPREPLY < <(compgen -W %q -- "$cur")
 	elif [[ $COMP_CWORD -eq 2 && ${COMP_WORDS[1]} == slot ]]; then
@@ -42,10 +49,12 @@ _outboxd() {
 		mapfile -t COMPREPLY < <(compgen -W "bash zsh" -- "$cur")
 	elif [[ $cur == -* ]]; then
 		mapfile -t COMPREPLY < <(compgen -W %q -- "$cur")
+	elif values=$(_outboxd_values "${COMP_WORDS[COMP_CWORD-1]}") && [[ -n $values ]]; then
+		mapfile -t COMPREPLY < <(compgen -W "$values" -- "$cur")
 	fi
 }
 complete -o default -F _outboxd outboxd
-`, cmds, strings.Join(flags, " "))
+`, bashValues.String(), cmds, strings.Join(flags, " "))
 		return err
 	case "zsh":
 		_, err := fmt.Fprintf(w, `#compdef outboxd
@@ -62,11 +71,13 @@ _outboxd() {
 	elif [[ $PREFIX == -* ]]; then
 		compadd -- %s
 	else
-		_files
+		case $words[CURRENT-1] in
+%s		*) _files ;;
+		esac
 	fi
 }
 compdef _outboxd outboxd
-`, cmds, strings.Join(flags, " "))
+`, cmds, strings.Join(flags, " "), zshValues.String())
 		return err
 	}
 	return usageErrorf("completion: unknown shell %q: use bash or zsh", args[0])

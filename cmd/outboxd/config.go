@@ -39,14 +39,6 @@ const (
 // configFlag names the file of settings; it cannot itself be set in a file.
 const configFlag = "config"
 
-// fileExcluded are flags that make no sense in a shared file.
-var fileExcluded = map[string]bool{configFlag: true, connectFlag: true, "json": true, "publication-too": true}
-
-// secretFlags hold secrets: config check prints them redacted, and errors
-// about them never quote their value. pg-dsn is redacted only where it
-// carries a password.
-var secretFlags = map[string]bool{"pg-dsn": true, "kafka-sasl-password": true, "schema-registry-password": true}
-
 // ConfigError is a bad --config file: unreadable, not YAML, or a key or value
 // that is not a setting.
 type ConfigError struct {
@@ -76,17 +68,15 @@ type fileValue struct {
 }
 
 // knownKeys are the keys a config file may hold: every setting of "run"
-// (a superset of the other commands' settings).
+// (a superset of the other commands' settings) but those only the command
+// line may give.
 func knownKeys() map[string]bool {
-	var o options
-	fs := newFlagSet("run", &o)
-	addRunFlags(fs, &o)
 	keys := map[string]bool{}
-	fs.VisitAll(func(f *flag.Flag) {
-		if !fileExcluded[f.Name] {
-			keys[f.Name] = true
+	for name, s := range runFlags(new(options)).settings {
+		if !s.cliOnly {
+			keys[name] = true
 		}
-	})
+	}
 	return keys
 }
 
@@ -120,7 +110,7 @@ func readConfigFile(path string) (map[string]fileValue, error) {
 			msg := fmt.Sprintf("unknown key %q", key)
 			if s := suggest(key, known); s != "" {
 				msg += fmt.Sprintf(" (did you mean %q?)", s)
-			} else if fileExcluded[key] {
+			} else if st, ok := allSettings()[key]; ok && st.cliOnly {
 				msg = fmt.Sprintf("key %q can only be given on the command line", key)
 			}
 			return nil, &ConfigError{Path: path, Line: k.Line, Msg: msg}
@@ -187,12 +177,12 @@ func editDistance(a, b string) int {
 // resolve fills every flag not given on the command line from the
 // environment, then from the config file, and returns where each setting came
 // from. set are the flags given on the command line.
-func resolve(fs *flag.FlagSet, set map[string]bool, lookupEnv func(string) (string, bool)) (map[string]string, error) {
+func resolve(fs *flagSet, set map[string]bool, lookupEnv func(string) (string, bool)) (map[string]string, error) {
 	path := ""
 	if f := fs.Lookup(configFlag); f != nil {
 		path = f.Value.String()
 		if !set[configFlag] {
-			if v, ok := lookupEnv(envName(configFlag)); ok {
+			if v, ok := lookupEnv(fs.setting(configFlag).env); ok {
 				path = v
 				_ = f.Value.Set(v)
 			}
@@ -217,10 +207,11 @@ func resolve(fs *flag.FlagSet, set map[string]bool, lookupEnv func(string) (stri
 				sources[f.Name] = sourceEnv
 			}
 		default:
-			if v, ok := lookupEnv(envName(f.Name)); ok {
+			env := fs.setting(f.Name).env
+			if v, ok := lookupEnv(env); ok {
 				sources[f.Name] = sourceEnv
 				if err := f.Value.Set(v); err != nil {
-					errs = append(errs, fmt.Errorf("%s=%s: %w", envName(f.Name), quoteSetting(f.Name, v), durationHint(f, err)))
+					errs = append(errs, fmt.Errorf("%s=%s: %w", env, quoteSetting(f.Name, v), durationHint(f, err)))
 				}
 				return
 			}
@@ -246,20 +237,26 @@ func resolve(fs *flag.FlagSet, set map[string]bool, lookupEnv func(string) (stri
 }
 
 // sortedFlags are fs's flags in name order, without the help-only ones.
-func sortedFlags(fs *flag.FlagSet) []*flag.Flag {
+func sortedFlags(fs *flagSet) []*flag.Flag {
 	var fl []*flag.Flag
 	fs.VisitAll(func(f *flag.Flag) { fl = append(fl, f) })
 	slices.SortFunc(fl, func(a, b *flag.Flag) int { return strings.Compare(a.Name, b.Name) })
 	return fl
 }
 
+// configCheckFlags are run's flags and --connect.
+func configCheckFlags(o *options) (*flagSet, *bool) {
+	fs := newFlagSet("config check", o)
+	addRunFlags(fs, o)
+	connect := fs.Bool(connectFlag, false, "also connect: check PostgreSQL (role, wal_level, table, slot) and Kafka (reachable, authenticated) as run does at start, creating nothing, and print a checklist", cliOnly)
+	return fs, connect
+}
+
 // cmdConfigCheck validates the run settings and prints them as a config file
 // would hold them, secrets redacted, each with where it came from.
 func cmdConfigCheck(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("config check", &o)
-	addRunFlags(fs, &o)
-	connect := fs.Bool(connectFlag, false, "also connect: check PostgreSQL (role, wal_level, table, slot) and Kafka (reachable, authenticated) as run does at start, creating nothing, and print a checklist")
+	fs, connect := configCheckFlags(&o)
 	warnUnknownEnv(os.Stderr, lookupEnvNames())
 	sources, err := parseSources(fs, args, os.LookupEnv)
 	if err != nil {
@@ -271,12 +268,13 @@ func cmdConfigCheck(ctx context.Context, args []string) error {
 		fmt.Fprintf(w, "# config file: %s\n", p)
 	}
 	for _, f := range sortedFlags(fs) {
-		if f.Name == configFlag || f.Name == connectFlag {
+		// What a file cannot hold is not printed as a file would hold it.
+		if fs.setting(f.Name).cliOnly {
 			continue
 		}
 		src := sources[f.Name]
 		if src == sourceEnv {
-			src += " " + envName(f.Name)
+			src += " " + fs.setting(f.Name).env
 		}
 		var val string
 		if l, ok := f.Value.(*stringList); ok {

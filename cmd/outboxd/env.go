@@ -13,21 +13,11 @@ import (
 var devEnvPrefixes = []string{"OUTBOXD_STACK_", "OUTBOXD_DEBEZIUM_", "OUTBOXD_BENCH_", "OUTBOXD_TEST_", "OUTBOXD_E2E_"}
 var devEnvNames = map[string]bool{"OUTBOXD_PG_VERSION": true, "OUTBOXD_KAFKA_NODES": true, "OUTBOXD_CLUSTER_LOG": true}
 
-// commandOnlyKeys are the settings of commands other than run (run's are
-// knownKeys plus --config).
-var commandOnlyKeys = []string{"json", "publication-too", "since", "from-id", "to-id", "resume",
-	"replay-batch", "older-than", "published-only", "max-lag-bytes", "max-retained-wal-bytes",
-	"allow-inactive", connectFlag, "to-current-history", "forget-old-keys",
-	"until", "from-offset-time", "topic", "stable-timeout", "examples", "allow-duplicates", "repair"}
-
 // knownEnv are the environment variables of every setting of every command.
 func knownEnv() map[string]bool {
-	known := map[string]bool{envName(configFlag): true}
-	for k := range knownKeys() {
-		known[envName(k)] = true
-	}
-	for _, k := range commandOnlyKeys {
-		known[envName(k)] = true
+	known := map[string]bool{}
+	for _, s := range allSettings() {
+		known[s.env] = true
 	}
 	return known
 }

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"fmt"
 	"net/url"
 	"os"
@@ -34,25 +33,25 @@ type formatOpts struct {
 	valueSchemaFile, keySchemaFile string
 }
 
-func (f *formatOpts) addFlags(fs *flag.FlagSet) {
-	fs.StringVar(&f.valueFormat, "value-format", "", "write values as json (checked), avro, protobuf or json-schema (Schema Registry wire format: the JSON payload converted to the subject's schema); empty: the payload's bytes as stored. A payload that does not fit is a bad event (--dead-letter-topic, --skip-bad-event)")
-	fs.StringVar(&f.keyFormat, "key-format", "", "write keys as string (the aggregate id, the default) or avro, protobuf or json-schema (the subject <topic>-key's schema: a string schema, or a record when the aggregate id is a JSON object)")
-	fs.StringVar(&f.registryURL, "schema-registry-url", "", "Confluent-compatible Schema Registry base URL (comma-separated for several), e.g. http://registry:8081 or Apicurio's http://host:8080/apis/ccompat/v7")
-	fs.StringVar(&f.registryUser, "schema-registry-user", "", "Schema Registry basic-auth user")
-	fs.StringVar(&f.registryPassword, "schema-registry-password", "", "Schema Registry basic-auth password (prefer OUTBOXD_SCHEMA_REGISTRY_PASSWORD)")
-	fs.StringVar(&f.registryCAFile, "schema-registry-ca-file", "", "PEM CA bundle to verify an https Schema Registry with (default: the system's)")
-	fs.StringVar(&f.strategy, "subject-name-strategy", string(format.TopicName), "subject of a record's schema: topic (<topic>-value, <topic>-key), record (the event type) or topic-record (<topic>-<event type>), as Confluent's TopicNameStrategy, RecordNameStrategy and TopicRecordNameStrategy")
-	fs.IntVar(&f.cfg.Value.SchemaID, "value-schema-id", 0, "use this schema id for every value instead of the subject's latest version")
-	fs.IntVar(&f.cfg.Value.SchemaVersion, "value-schema-version", 0, "use this version of each value subject instead of its latest")
-	fs.IntVar(&f.cfg.Key.SchemaID, "key-schema-id", 0, "use this schema id for every key")
-	fs.IntVar(&f.cfg.Key.SchemaVersion, "key-schema-version", 0, "use this version of each key subject")
-	fs.StringVar(&f.valueSchemaFile, "value-schema-file", "", "with --auto-register-schemas: the schema registered under a value subject that has none")
-	fs.StringVar(&f.keySchemaFile, "key-schema-file", "", "with --auto-register-schemas: the schema registered under a key subject that has none")
-	fs.StringVar(&f.cfg.Value.Message, "value-proto-message", "", "protobuf: the message (full name) of the subject's schema to write; empty: its first")
-	fs.BoolVar(&f.cfg.AutoRegister, "auto-register-schemas", false, "register --value-schema-file / --key-schema-file under a subject that has no schema (off: producers should not invent schemas; a missing subject makes outboxd retry)")
-	fs.DurationVar(&f.cfg.CacheTTL, "schema-cache-ttl", 0, "how long a subject's latest version is used before it is looked up again (a new compatible version is picked up without a restart); 0: 30s")
-	fs.StringVar(&f.cloudEvents, "cloudevents", "", "CloudEvents Kafka binding: binary (ce_* headers and content-type; the value in --value-format) or structured (application/cloudevents+json values); empty: off")
-	fs.StringVar(&f.cfg.Source, "cloudevents-source", "", "ce_source of every event (a URI reference); empty: the database's identity, postgresql://HOST:PORT/DBNAME/SCHEMA.TABLE")
+func (f *formatOpts) addFlags(fs *flagSet) {
+	fs.StringVar(&f.valueFormat, "value-format", "", "write values as json (checked), avro, protobuf or json-schema (Schema Registry wire format: the JSON payload converted to the subject's schema); empty: the payload's bytes as stored. A payload that does not fit is a bad event (--dead-letter-topic, --skip-bad-event)", inShape, choices(string(format.JSON), string(format.Avro), string(format.Protobuf), string(format.JSONSchema)))
+	fs.StringVar(&f.keyFormat, "key-format", "", "write keys as string (the aggregate id, the default) or avro, protobuf or json-schema (the subject <topic>-key's schema: a string schema, or a record when the aggregate id is a JSON object)", inShape, choices(string(format.String), string(format.Avro), string(format.Protobuf), string(format.JSONSchema)))
+	fs.StringVar(&f.registryURL, "schema-registry-url", "", "Confluent-compatible Schema Registry base URL (comma-separated for several), e.g. http://registry:8081 or Apicurio's http://host:8080/apis/ccompat/v7", inKafka, doc("Confluent-compatible Schema Registry base URL (comma-separated for several), e.g. `http://registry:8081` or Apicurio's `http://host:8080/apis/ccompat/v7`; must be http(s) ([formats](formats.md))"))
+	fs.StringVar(&f.registryUser, "schema-registry-user", "", "Schema Registry basic-auth user", inKafka)
+	fs.StringVar(&f.registryPassword, "schema-registry-password", "", "Schema Registry basic-auth password (prefer OUTBOXD_SCHEMA_REGISTRY_PASSWORD)", inKafka, secret, doc("Schema Registry basic-auth password; prefer `OUTBOXD_SCHEMA_REGISTRY_PASSWORD` to the flag"))
+	fs.StringVar(&f.registryCAFile, "schema-registry-ca-file", "", "PEM CA bundle to verify an https Schema Registry with (default: the system's)", inKafka, doc("PEM CA bundle to verify an https Schema Registry with (default: the system's); must exist"))
+	fs.StringVar(&f.strategy, "subject-name-strategy", string(format.TopicName), "subject of a record's schema: topic (<topic>-value, <topic>-key), record (the event type) or topic-record (<topic>-<event type>), as Confluent's TopicNameStrategy, RecordNameStrategy and TopicRecordNameStrategy", inShape, choices(string(format.TopicName), string(format.RecordName), string(format.TopicRecordName)))
+	fs.IntVar(&f.cfg.Value.SchemaID, "value-schema-id", 0, "use this schema id for every value instead of the subject's latest version", inShape)
+	fs.IntVar(&f.cfg.Value.SchemaVersion, "value-schema-version", 0, "use this version of each value subject instead of its latest", inShape)
+	fs.IntVar(&f.cfg.Key.SchemaID, "key-schema-id", 0, "use this schema id for every key", inShape)
+	fs.IntVar(&f.cfg.Key.SchemaVersion, "key-schema-version", 0, "use this version of each key subject", inShape)
+	fs.StringVar(&f.valueSchemaFile, "value-schema-file", "", "with --auto-register-schemas: the schema registered under a value subject that has none", inShape)
+	fs.StringVar(&f.keySchemaFile, "key-schema-file", "", "with --auto-register-schemas: the schema registered under a key subject that has none", inShape)
+	fs.StringVar(&f.cfg.Value.Message, "value-proto-message", "", "protobuf: the message (full name) of the subject's schema to write; empty: its first", inShape)
+	fs.BoolVar(&f.cfg.AutoRegister, "auto-register-schemas", false, "register --value-schema-file / --key-schema-file under a subject that has no schema (off: producers should not invent schemas; a missing subject makes outboxd retry)", inShape)
+	fs.DurationVar(&f.cfg.CacheTTL, "schema-cache-ttl", 0, "how long a subject's latest version is used before it is looked up again (a new compatible version is picked up without a restart); 0: 30s", inShape)
+	fs.StringVar(&f.cloudEvents, "cloudevents", "", "CloudEvents Kafka binding: binary (ce_* headers and content-type; the value in --value-format) or structured (application/cloudevents+json values); empty: off", inShape, choices(string(format.Binary), string(format.Structured)))
+	fs.StringVar(&f.cfg.Source, "cloudevents-source", "", "ce_source of every event (a URI reference); empty: the database's identity, postgresql://HOST:PORT/DBNAME/SCHEMA.TABLE", inShape)
 }
 
 // config resolves the flags into f.cfg (schema files read, the default

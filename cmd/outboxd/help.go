@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -12,50 +13,6 @@ import (
 
 // errHelp means help was asked for and printed to stdout: exit 0.
 var errHelp = errors.New("help shown")
-
-// A flag's group in --help, in the order groups are printed. Groups are named
-// by concern, so `outboxd run --help | grep -A20 Kafka` finds them.
-var helpGroups = []string{
-	"PostgreSQL connection and slot",
-	"Kafka",
-	"Outbox shape and routing",
-	"Delivery",
-	"Polling source (--source=poll)",
-	"Operations",
-	"Demo only (never in production)",
-}
-
-// groupExact places the flags whose group their name prefix does not tell.
-var groupExact = map[string]int{
-	"pg-dsn": 0, "slot": 0, "publication": 0, "schema": 0, "table": 0, "failover-slot": 0,
-	"no-create": 0, "status-interval": 0, "server-timeout": 0,
-	"default-topic": 2, "source": 2, "format": 2, "topic-template": 2,
-	"delivery": 3, "checkpoint-topic": 3, "checkpoint-interval": 3, "checkpoint-read-timeout": 3, "accept-gap": 3,
-	"dead-letter-topic": 3, "max-in-flight-events": 3, "max-in-flight-bytes": 3,
-	"kafka-txn-max-events": 3, "kafka-txn-max-age": 3, "kafka-txn-timeout": 3,
-	"crash-after-produce": 6,
-	"value-format":        2, "key-format": 2, "subject-name-strategy": 2, "value-schema-id": 2, "value-schema-version": 2,
-	"key-schema-id": 2, "key-schema-version": 2, "value-schema-file": 2, "key-schema-file": 2,
-	"value-proto-message": 2, "auto-register-schemas": 2, "schema-cache-ttl": 2, "cloudevents": 2, "cloudevents-source": 2,
-	"schema-registry-url": 1, "schema-registry-user": 1, "schema-registry-password": 1, "schema-registry-ca-file": 1,
-}
-
-// groupOf returns the index in helpGroups of flag name.
-func groupOf(name string) int {
-	if g, ok := groupExact[name]; ok {
-		return g
-	}
-	switch {
-	case strings.HasPrefix(name, "kafka-"):
-		return 1
-	case strings.HasPrefix(name, "poll-"):
-		return 4
-	case strings.HasSuffix(name, "-column") || strings.HasSuffix(name, "-header") ||
-		strings.HasSuffix(name, "-encoding"):
-		return 2
-	}
-	return 5
-}
 
 // flagType names the kind of value a flag takes, for --help.
 func flagType(f *flag.Flag) string {
@@ -83,13 +40,13 @@ func flagType(f *flag.Flag) string {
 
 // printHelp writes fs's flags to w, grouped by concern, each with its type,
 // environment variable and default.
-func printHelp(w io.Writer, fs *flag.FlagSet) {
+func printHelp(w io.Writer, fs *flagSet) {
 	fmt.Fprintf(w, "Usage: %s [flags]\n\n", fs.Name())
 	fmt.Fprintln(w, "Every flag is also an environment variable (OUTBOXD_ + the name in upper case, - as _)")
 	fmt.Fprintln(w, "and a key of the --config YAML file. Precedence: flag > env > file > default.")
 	byGroup := make([][]*flag.Flag, len(helpGroups))
 	fs.VisitAll(func(f *flag.Flag) {
-		g := groupOf(f.Name)
+		g := fs.setting(f.Name).group
 		byGroup[g] = append(byGroup[g], f)
 	})
 	for g, flags := range byGroup {
@@ -107,21 +64,19 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 			if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "false" && f.DefValue != "0s" {
 				def = ", default " + f.DefValue
 			}
-			fmt.Fprintf(w, "%s  (%s%s)\n      %s\n", head, envName(f.Name), def, f.Usage)
+			fmt.Fprintf(w, "%s  (%s%s)\n      %s\n", head, fs.setting(f.Name).env, def, f.Usage)
 		}
 	}
 }
 
 // parseError turns the flag package's error into one line that says what to
 // do: a suggestion for an unknown flag, the units of a duration.
-func parseError(fs *flag.FlagSet, err error) error {
+func parseError(fs *flagSet, err error) error {
 	msg := err.Error()
 	if name, ok := strings.CutPrefix(msg, "flag provided but not defined: "); ok {
 		name = strings.TrimLeft(name, "-")
-		known := map[string]bool{}
-		fs.VisitAll(func(f *flag.Flag) { known[f.Name] = true })
 		hint := ""
-		if s := suggest(name, known); s != "" {
+		if s := suggest(name, setOf(slices.Collect(maps.Keys(fs.settings)))); s != "" {
 			hint = fmt.Sprintf(" (did you mean --%s?)", s)
 		}
 		return usageErrorf("unknown flag --%s%s; see %q", name, hint, fs.Name()+" --help")

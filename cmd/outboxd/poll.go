@@ -7,7 +7,6 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -38,12 +37,13 @@ type pollOptions struct {
 	workers   int
 }
 
-func addPollFlags(fs *flag.FlagSet, o *options) {
+func addPollFlags(fs *flagSet, o *options) {
 	d := poll.DefaultConfig()
-	fs.StringVar(&o.poll.source, "source", sourceCDC, "where events come from: cdc (the replication slot: the outbox table's inserts, and outbox_emit messages on PostgreSQL 14+), messages (the slot, outbox_emit messages only: no outbox table; PostgreSQL 14+) or poll (SELECT ... FOR UPDATE SKIP LOCKED, no replication needed)")
-	fs.DurationVar(&o.poll.interval, "poll-interval", d.Interval, "--source=poll: time between polls while fewer than --poll-batch-size rows wait")
-	fs.IntVar(&o.poll.batchSize, "poll-batch-size", d.BatchSize, "--source=poll: most rows one polling transaction publishes")
-	fs.IntVar(&o.poll.workers, "poll-workers", d.Workers, "--source=poll: concurrent polling transactions; more than 1 loses per-key order")
+	fs.StringVar(&o.poll.source, "source", sourceCDC, "where events come from: cdc (the replication slot: the outbox table's inserts, and outbox_emit messages on PostgreSQL 14+), messages (the slot, outbox_emit messages only: no outbox table; PostgreSQL 14+) or poll (SELECT ... FOR UPDATE SKIP LOCKED, no replication needed)", inShape,
+		choices(sourceCDC, sourceMessages, sourcePoll))
+	fs.DurationVar(&o.poll.interval, "poll-interval", d.Interval, "--source=poll: time between polls while fewer than --poll-batch-size rows wait", inPoll)
+	fs.IntVar(&o.poll.batchSize, "poll-batch-size", d.BatchSize, "--source=poll: most rows one polling transaction publishes", inPoll)
+	fs.IntVar(&o.poll.workers, "poll-workers", d.Workers, "--source=poll: concurrent polling transactions; more than 1 loses per-key order", inPoll)
 }
 
 func (o *options) pollConfig() (poll.Config, error) {

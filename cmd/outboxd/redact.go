@@ -12,10 +12,11 @@ import (
 // it through a leading space, an upper-case scheme, a typo in the scheme or a
 // URL in a flag that is not a secret itself. Three rules:
 //
-//   - a secret flag (a password) is never shown;
-//   - in --pg-dsn, the password of a URL (any scheme, any case, around
-//     spaces) or of key=value pairs is replaced, and a value that is neither
-//     is not shown at all: it cannot be told apart from a password;
+//   - a secret flag (a password) is never shown, but through a redactor its
+//     table entry names: in --pg-dsn (redactDSN), the password of a URL (any
+//     scheme, any case, around spaces) or of key=value pairs is replaced,
+//     and a value that is neither is not shown at all: it cannot be told
+//     apart from a password;
 //   - in every other value, the password of any URL in it is replaced.
 
 // redacted is what stands for a secret in output.
@@ -26,7 +27,7 @@ const notShown = "(not shown: it holds a secret and cannot be parsed)"
 
 // quoteSetting quotes a value for an error message, secrets redacted.
 func quoteSetting(name, v string) string {
-	if secretFlags[name] {
+	if s, ok := allSettings()[name]; ok && s.secret {
 		return "(value not shown: secret)"
 	}
 	return fmt.Sprintf("%q", redactSetting(name, v))
@@ -34,10 +35,12 @@ func quoteSetting(name, v string) string {
 
 // redactSetting returns the value of flag name fit for output.
 func redactSetting(name, v string) string {
+	s, ok := allSettings()[name]
 	switch {
-	case name == "pg-dsn":
-		return redactDSN(v)
-	case secretFlags[name] && v != "":
+	case !ok:
+	case s.redact != nil:
+		return s.redact(v)
+	case s.secret && v != "":
 		return redacted
 	}
 	return redactURLs(v)

@@ -18,6 +18,25 @@ import (
 	"github.com/outboxd/outboxd/retention"
 )
 
+type replayArgs struct {
+	since        string
+	fromID, toID int64
+	resume       bool
+	batch        int
+}
+
+func replayFlags(o *options) (*flagSet, *replayArgs) {
+	fs := newFlagSet("replay", o)
+	addRunFlags(fs, o)
+	var a replayArgs
+	fs.StringVar(&a.since, "since", "", "publish the rows created at or after this time (RFC 3339, e.g. 2026-12-01T10:00:00Z)")
+	fs.Int64Var(&a.fromID, "from-id", 0, "publish the rows with an id from this one")
+	fs.Int64Var(&a.toID, "to-id", 0, "with --from-id: up to this id (0: no bound)")
+	fs.BoolVar(&a.resume, "resume", false, "create the slot first if missing, then run after the replay, accepting the gap it filled")
+	fs.IntVar(&a.batch, "replay-batch", 1000, "rows read and published per round")
+	return fs, &a
+}
+
 // cmdReplay publishes outbox rows again from the table, after the slot that
 // should have streamed them was lost (dropped, invalidated, or left behind on
 // a failed-over primary). With --resume it then ensures the slot first —
@@ -26,13 +45,8 @@ import (
 // Consumers deduplicate by outbox-id as always.
 func cmdReplay(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("replay", &o)
-	addRunFlags(fs, &o)
-	since := fs.String("since", "", "publish the rows created at or after this time (RFC 3339, e.g. 2026-12-01T10:00:00Z)")
-	fromID := fs.Int64("from-id", 0, "publish the rows with an id from this one")
-	toID := fs.Int64("to-id", 0, "with --from-id: up to this id (0: no bound)")
-	resume := fs.Bool("resume", false, "create the slot first if missing, then run after the replay, accepting the gap it filled")
-	batch := fs.Int("replay-batch", 1000, "rows read and published per round")
+	fs, a := replayFlags(&o)
+	since, fromID, toID, resume, batch := &a.since, &a.fromID, &a.toID, &a.resume, &a.batch
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -173,13 +187,25 @@ func replayOrigin(ctx context.Context, o *options, kcfg kafka.Config) ([]byte, e
 	return []byte(id.Origin(gen)), nil
 }
 
+type pruneArgs struct {
+	olderThan     time.Duration
+	publishedOnly bool
+}
+
+func pruneFlags(o *options) (*flagSet, *pruneArgs) {
+	fs := newFlagSet("prune", o)
+	var a pruneArgs
+	fs.DurationVar(&a.olderThan, "older-than", 0, "delete the outbox rows whose created_at is older than this (required)")
+	fs.BoolVar(&a.publishedOnly, "published-only", false, "only rows with published_at set (the polling source's table)")
+	return fs, &a
+}
+
 // cmdPrune deletes old outbox rows once (what --retention does on a
 // schedule).
 func cmdPrune(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("prune", &o)
-	olderThan := fs.Duration("older-than", 0, "delete the outbox rows whose created_at is older than this (required)")
-	publishedOnly := fs.Bool("published-only", false, "only rows with published_at set (the polling source's table)")
+	fs, a := pruneFlags(&o)
+	olderThan, publishedOnly := &a.olderThan, &a.publishedOnly
 	if err := parse(fs, args); err != nil {
 		return err
 	}

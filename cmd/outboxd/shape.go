@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"strings"
 
@@ -27,21 +26,23 @@ type shapeOptions struct {
 	idHeader, keyHeader, keyEncoding, valueEncoding string
 }
 
-func addShapeFlags(fs *flag.FlagSet, s *shapeOptions) {
-	fs.StringVar(&s.format, "format", formatOutboxd, "outbox shape: outboxd (id, aggregate_id, topic, payload, created_at, event_type, headers) or debezium (Debezium's Outbox Event Router defaults: uuid id, aggregateid, payload, topic outbox.event.{aggregatetype}, header id, key and value as JSON strings); the flags below override single parts")
-	fs.StringVar(&s.idColumn, "id-column", "", "event id column, bigint or uuid (sent in the id header) [format: id]")
-	fs.StringVar(&s.keyColumn, "key-column", "", "record key column [format: aggregate_id / aggregateid]")
-	fs.StringVar(&s.payloadColumn, "payload-column", "", "record value column [format: payload]")
-	fs.StringVar(&s.topicColumn, "topic-column", "", "topic column (\"-\": none) [format: topic / none]")
-	fs.StringVar(&s.topicTemplate, "topic-template", "", "route by a template instead of the topic column: {column} is replaced by the row's value, e.g. 'outbox.event.{aggregatetype}' [format: none / outbox.event.{aggregatetype}]")
-	fs.StringVar(&s.timestampColumn, "timestamp-column", "", "record timestamp column: timestamptz, timestamp or bigint epoch milliseconds; absent or NULL: the commit time (\"-\": none) [format: created_at / none]")
-	fs.StringVar(&s.eventTypeColumn, "event-type-column", "", "column sent in the event-type header (\"-\": none) [format: event_type / none]")
-	fs.StringVar(&s.headersColumn, "headers-column", "", "jsonb column whose object becomes headers, e.g. traceparent: a string member is a header, a null one none, anything else or a name outboxd sets itself (outbox-id, outbox-origin, ce_*, ...) a bad event (\"-\": none) [format: headers / none]")
-	fs.Var(&s.headerColumns, "header-column", "COLUMN=HEADER: send a column's value in a header (repeatable), e.g. type=eventType")
-	fs.StringVar(&s.idHeader, "id-header", "", "header carrying the event id (\"-\": none) [format: outbox-id / id]")
-	fs.StringVar(&s.keyHeader, "key-header", "", "header carrying the key (\"-\": none) [format: aggregate-id / none]")
-	fs.StringVar(&s.keyEncoding, "key-encoding", "", "raw or json-string (the key as a JSON string, as Kafka Connect's JsonConverter writes it) [format: raw / json-string]")
-	fs.StringVar(&s.valueEncoding, "value-encoding", "", "raw or json-string [format: raw / json-string]")
+func addShapeFlags(fs *flagSet, s *shapeOptions) {
+	fs.StringVar(&s.format, "format", formatOutboxd, "outbox shape: outboxd (id, aggregate_id, topic, payload, created_at, event_type, headers) or debezium (Debezium's Outbox Event Router defaults: uuid id, aggregateid, payload, topic outbox.event.{aggregatetype}, header id, key and value as JSON strings); the flags below override single parts", inShape,
+		choices(formatOutboxd, formatDebezium),
+		doc("outbox shape: `outboxd` (id, aggregate_id, topic, payload, created_at, event_type, headers) or `debezium` (Debezium's Outbox Event Router defaults); the `-column`, `-header` and `-encoding` flags and `--topic-template` override single parts ([shapes](shapes.md))"))
+	fs.StringVar(&s.idColumn, "id-column", "", "event id column, bigint or uuid (sent in the id header) [format: id]", inShape)
+	fs.StringVar(&s.keyColumn, "key-column", "", "record key column [format: aggregate_id / aggregateid]", inShape)
+	fs.StringVar(&s.payloadColumn, "payload-column", "", "record value column [format: payload]", inShape)
+	fs.StringVar(&s.topicColumn, "topic-column", "", "topic column (\"-\": none) [format: topic / none]", inShape)
+	fs.StringVar(&s.topicTemplate, "topic-template", "", "route by a template instead of the topic column: {column} is replaced by the row's value, e.g. 'outbox.event.{aggregatetype}' [format: none / outbox.event.{aggregatetype}]", inShape)
+	fs.StringVar(&s.timestampColumn, "timestamp-column", "", "record timestamp column: timestamptz, timestamp or bigint epoch milliseconds; absent or NULL: the commit time (\"-\": none) [format: created_at / none]", inShape)
+	fs.StringVar(&s.eventTypeColumn, "event-type-column", "", "column sent in the event-type header (\"-\": none) [format: event_type / none]", inShape)
+	fs.StringVar(&s.headersColumn, "headers-column", "", "jsonb column whose object becomes headers, e.g. traceparent: a string member is a header, a null one none, anything else or a name outboxd sets itself (outbox-id, outbox-origin, ce_*, ...) a bad event (\"-\": none) [format: headers / none]", inShape)
+	fs.Var(&s.headerColumns, "header-column", "COLUMN=HEADER: send a column's value in a header (repeatable), e.g. type=eventType", inShape)
+	fs.StringVar(&s.idHeader, "id-header", "", "header carrying the event id (\"-\": none) [format: outbox-id / id]", inShape)
+	fs.StringVar(&s.keyHeader, "key-header", "", "header carrying the key (\"-\": none) [format: aggregate-id / none]", inShape)
+	fs.StringVar(&s.keyEncoding, "key-encoding", "", "raw or json-string (the key as a JSON string, as Kafka Connect's JsonConverter writes it) [format: raw / json-string]", inShape, choices("raw", "json-string"))
+	fs.StringVar(&s.valueEncoding, "value-encoding", "", "raw or json-string [format: raw / json-string]", inShape, choices("raw", "json-string"))
 }
 
 // shape resolves --format and its overrides into the decoder's

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"math"
 	"strconv"
@@ -18,17 +17,17 @@ type byteSize struct {
 }
 
 // bytesVar defines a byte-size flag on an int64.
-func bytesVar(fs *flag.FlagSet, p *int64, name string, value int64, usage string) {
+func bytesVar(fs *flagSet, p *int64, name string, value int64, usage string, opts ...opt) {
 	*p = value
-	fs.Var(&byteSize{p: p, max: math.MaxInt64}, name, usage)
+	fs.Var(&byteSize{p: p, max: math.MaxInt64}, name, usage, opts...)
 }
 
 // bytesIntVar defines a byte-size flag on an int.
-func bytesIntVar(fs *flag.FlagSet, p *int, name string, value int, usage string) {
+func bytesIntVar(fs *flagSet, p *int, name string, value int, usage string, opts ...opt) {
 	v := new(int64)
 	*v = int64(value)
 	*p = value
-	fs.Var(&intBytes{byteSize: byteSize{p: v, max: math.MaxInt32}, out: p}, name, usage)
+	fs.Var(&intBytes{byteSize: byteSize{p: v, max: math.MaxInt32}, out: p}, name, usage, opts...)
 }
 
 var sizeUnits = []struct {

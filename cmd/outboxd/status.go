@@ -80,18 +80,32 @@ const statusCheckpointReadTimeout = 30 * time.Second
 // errStatus makes "outboxd status" exit 1 after it printed its report.
 var errStatus = errors.New("status: problems found")
 
+type statusArgs struct {
+	asJSON, allowInactive bool
+	maxLag, maxRetained   int64
+	brokers, cpTopic      string
+	cpRead                time.Duration
+}
+
+func statusFlags(o *options) (*flagSet, *statusArgs) {
+	fs := newFlagSet("status", o)
+	var a statusArgs
+	fs.BoolVar(&a.asJSON, "json", false, "print the report as JSON", cliOnly)
+	bytesVar(fs, &a.maxLag, "max-lag-bytes", 0, "also a problem: lag above this size (e.g. 1GiB; 0: no limit)")
+	bytesVar(fs, &a.maxRetained, "max-retained-wal-bytes", 0, "also a problem: retained WAL above this size (e.g. 20GiB; 0: no limit)")
+	fs.BoolVar(&a.allowInactive, "allow-inactive", false, "an inactive slot (no outboxd streaming) is not a problem")
+	fs.StringVar(&a.brokers, "kafka-brokers", "", "also read outboxd's checkpoint from Kafka and show it next to the slot's position", inKafka)
+	fs.StringVar(&a.cpTopic, "checkpoint-topic", publisher.DefaultConfig().CheckpointTopic, "with --kafka-brokers: the checkpoint topic", inDelivery)
+	fs.DurationVar(&a.cpRead, "checkpoint-read-timeout", statusCheckpointReadTimeout, "with --kafka-brokers: how long reading the checkpoint topic may take (it never waits for open transactions, only for brokers that do not answer)", inDelivery)
+	addSecurityFlags(fs, &o.kafkaSec)
+	return fs, &a
+}
+
 func cmdStatus(ctx context.Context, args []string) error {
 	var o options
-	fs := newFlagSet("status", &o)
-	asJSON := fs.Bool("json", false, "print the report as JSON")
-	maxLag, maxRetained := new(int64), new(int64)
-	bytesVar(fs, maxLag, "max-lag-bytes", 0, "also a problem: lag above this size (e.g. 1GiB; 0: no limit)")
-	bytesVar(fs, maxRetained, "max-retained-wal-bytes", 0, "also a problem: retained WAL above this size (e.g. 20GiB; 0: no limit)")
-	allowInactive := fs.Bool("allow-inactive", false, "an inactive slot (no outboxd streaming) is not a problem")
-	brokers := fs.String("kafka-brokers", "", "also read outboxd's checkpoint from Kafka and show it next to the slot's position")
-	cpTopic := fs.String("checkpoint-topic", publisher.DefaultConfig().CheckpointTopic, "with --kafka-brokers: the checkpoint topic")
-	cpRead := fs.Duration("checkpoint-read-timeout", statusCheckpointReadTimeout, "with --kafka-brokers: how long reading the checkpoint topic may take (it never waits for open transactions, only for brokers that do not answer)")
-	o.kafkaSec.AddFlags(fs)
+	fs, a := statusFlags(&o)
+	asJSON, maxLag, maxRetained, allowInactive := &a.asJSON, &a.maxLag, &a.maxRetained, &a.allowInactive
+	brokers, cpTopic, cpRead := &a.brokers, &a.cpTopic, &a.cpRead
 	if err := parse(fs, args); err != nil {
 		return err
 	}
