@@ -187,6 +187,29 @@ func parse(fs *flagSet, args []string) error {
 	return err
 }
 
+// unexpectedArgs names where the arguments after the flags begin, not what
+// they are: a flag given without its value shifts the next flag's value
+// into them ("--kafka-brokers --pg-dsn postgres://u:pw@db" leaves the DSN
+// over), and a bare password cannot be told from any other word.
+func unexpectedArgs(fs *flagSet, args []string) error {
+	rest := len(fs.Args())
+	at := len(args) - rest
+	where := "before any flag"
+	for i := at - 1; i >= 0; i-- {
+		if strings.HasPrefix(args[i], "-") {
+			name, _, _ := strings.Cut(args[i], "=")
+			where = "after " + name
+			break
+		}
+	}
+	noun := "argument"
+	if rest > 1 {
+		noun = "arguments"
+	}
+	return usageErrorf("%d unexpected %s %s (not shown: one may be a secret): a flag with its value missing, a flag without its leading --, or a value with spaces not quoted; see %q",
+		rest, noun, where, fs.Name()+" --help")
+}
+
 // parseSources is parse, reporting where each setting came from.
 func parseSources(fs *flagSet, args []string, lookupEnv func(string) (string, bool)) (map[string]string, error) {
 	// The flag package's own messages go nowhere: help goes to stdout (exit
@@ -201,7 +224,7 @@ func parseSources(fs *flagSet, args []string, lookupEnv func(string) (string, bo
 		return nil, parseError(fs, err)
 	}
 	if fs.NArg() > 0 {
-		return nil, usageErrorf("unexpected arguments: %s; see %q", strings.Join(fs.Args(), " "), fs.Name()+" --help")
+		return nil, unexpectedArgs(fs, args)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // The secret in every form below; none of the outputs may hold it.
@@ -95,6 +97,9 @@ func TestConfigCheckPrintsNoSecret(t *testing.T) {
 	for _, v := range dsnForms {
 		run(nil, "--pg-dsn", v)
 		run([]string{"OUTBOXD_PG_DSN=" + v})
+		// A flag whose value was left out takes the next flag as its
+		// value, and the DSN is left over as an argument.
+		run(nil, "--slot", "--pg-dsn", v)
 	}
 	for _, v := range urlForms {
 		run(nil, "--pg-dsn", "postgres://u@db/app", "--value-format", "avro", "--schema-registry-url", v)
@@ -103,4 +108,59 @@ func TestConfigCheckPrintsNoSecret(t *testing.T) {
 	run(nil, "--pg-dsn", "postgres://u@db/app", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-username", "u", "--kafka-sasl-password", secretPW)
 	run([]string{"OUTBOXD_SCHEMA_REGISTRY_PASSWORD=" + secretPW}, "--pg-dsn", "postgres://u@db/app")
 	t.Logf("%d forms of a secret, %d config check runs: none printed it", len(dsnForms)+len(urlForms)+2, checked)
+	var out bytes.Buffer
+	cmd := exec.Command(binPath, "config", "check", "--slot", "--pg-dsn", "postgres://u:"+secretPW+"@db/app")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err == nil || !strings.Contains(out.String(), "1 unexpected argument after --pg-dsn") {
+		t.Errorf("a DSN left over after a flag without its value: %v, %s; want it named as an argument after --pg-dsn", err, out.String())
+	}
+}
+
+// What connects prints more than config check: config check --connect
+// reports each server it could not reach, and run logs its settings at
+// start (at debug level, every one) and then the error that ends it. With
+// the shared Kafka when there is one, so that start-up gets as far as
+// PostgreSQL, whose host does not resolve: every form of the DSN reaches
+// the connect error. No output of either may hold the password.
+func TestConnectingCommandsPrintNoSecret(t *testing.T) {
+	if binPath == "" {
+		t.Skip("the binary is built only without -short")
+	}
+	t.Parallel()
+	brokers := "k:9092"
+	if b := testenv.KafkaBrokers(); len(b) > 0 {
+		brokers = strings.Join(b, ",")
+	}
+	outputs := 0
+	run := func(env []string, args ...string) {
+		t.Helper()
+		cmd := exec.Command(binPath, args...)
+		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		if err == nil {
+			t.Fatalf("outboxd %q succeeded; want the failure whose message is checked:\n%s", args, out.String())
+		}
+		if strings.Contains(out.String(), "unknown flag") {
+			t.Fatalf("outboxd %q: %s", args, out.String())
+		}
+		if strings.Contains(out.String(), secretPW) {
+			t.Errorf("outboxd %q (env %q) printed the password:\n%s", args, env, out.String())
+		}
+		outputs++
+	}
+	runArgs := []string{"run", "--kafka-brokers", brokers, "--start-timeout", "0", "--log-level", "debug", "--slot", "outboxd_secret_test"}
+	for _, v := range dsnForms {
+		run(nil, "config", "check", "--connect", "--kafka-brokers", brokers, "--pg-dsn", v)
+		run([]string{"OUTBOXD_PG_DSN=" + v}, "config", "check", "--connect", "--kafka-brokers", brokers)
+		run(nil, append(runArgs, "--pg-dsn", v)...)
+		run([]string{"OUTBOXD_PG_DSN=" + v}, runArgs...)
+	}
+	for _, v := range urlForms {
+		run(nil, append(runArgs, "--pg-dsn", "postgres://u@db/app", "--value-format", "avro", "--schema-registry-url", v)...)
+	}
+	run(nil, append(runArgs, "--pg-dsn", "postgres://u@db/app", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-username", "u", "--kafka-sasl-password", secretPW)...)
+	t.Logf("%d forms of a secret, %d outputs of config check --connect and run (start-up log at debug, errors): none printed it",
+		len(dsnForms)+len(urlForms)+1, outputs)
 }
