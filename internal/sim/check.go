@@ -25,7 +25,7 @@ const maxListed = 8
 // Records carry the event's payload, checked too: a record is the event
 // it claims to be. A forged, replayed or foreign message is no event: a
 // record of one is a violation.
-func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool) []string {
+func check(txns []*Txn, confirmed pglogrepl.LSN, recs, dead []record, exactlyOnce bool) []string {
 	var v []string
 	type rowAt struct {
 		txn *Txn
@@ -47,8 +47,8 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 			bad = append(bad, fmt.Sprintf("p%d@%d: outbox-id %d is no event of the WAL", rec.partition, rec.offset, rec.id))
 			continue
 		case !ra.row.Event():
-			bad = append(bad, fmt.Sprintf("p%d@%d: the %s message at %s (txn %d) was published", rec.partition, rec.offset,
-				kindNames[ra.row.Kind], pglogrepl.LSN(ra.row.ID), ra.txn.Index))
+			bad = append(bad, fmt.Sprintf("p%d@%d: the %s %d (txn %d) was published", rec.partition, rec.offset,
+				kindNames[ra.row.Kind], ra.row.ID, ra.txn.Index))
 			continue
 		case rec.key != ra.row.Key || rec.value != ra.row.Payload:
 			bad = append(bad, fmt.Sprintf("p%d@%d: event %d with key %q and a %d-byte value, want key %q and its %d-byte payload",
@@ -58,6 +58,24 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 	}
 	if len(bad) > 0 {
 		v = append(v, "records not of the WAL: "+list(bad))
+	}
+
+	// Bad events: in the dead-letter topic (at least once: its writes are
+	// not part of a Kafka transaction), never among the events.
+	deadSeen := map[int64]int{}
+	for _, rec := range dead {
+		deadSeen[rec.id]++
+	}
+	var undead []string
+	for _, t := range txns {
+		for _, r := range t.Rows {
+			if r.Bad() && deadSeen[r.ID] == 0 {
+				undead = append(undead, fmt.Sprintf("%s %d (txn %d, end %s)", kindNames[r.Kind], r.ID, t.Index, t.End))
+			}
+		}
+	}
+	if len(undead) > 0 {
+		v = append(v, fmt.Sprintf("%d bad events never dead-lettered: %s", len(undead), list(undead)))
 	}
 
 	// 1. Confirmed ⊆ Kafka.
@@ -143,7 +161,8 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs []record, exactlyOnce bool
 	return v
 }
 
-var kindNames = [...]string{RowInsert: "insert", RowEmit: "outbox_emit", RowForged: "forged", RowReplayed: "replayed", RowForeign: "foreign"}
+var kindNames = [...]string{RowInsert: "insert", RowEmit: "outbox_emit", RowForged: "forged", RowReplayed: "replayed", RowForeign: "foreign",
+	RowBadTopic: "bad insert (NULL topic)", RowBadEmit: "bad outbox_emit (reserved header)"}
 
 func list(items []string) string {
 	if len(items) > maxListed {

@@ -95,7 +95,11 @@ func encodeInsert(r Row) []byte {
 		"2026-11-29 09:21:40.000005+00", "SimEvent",
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(vals)))
-	for _, v := range vals {
+	for i, v := range vals {
+		if i == 2 && v == "" { // a NULL topic
+			b = append(b, 'n')
+			continue
+		}
 		b = append(b, 't')
 		b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
 		b = append(b, v...)
@@ -125,7 +129,11 @@ func hmacPad(key []byte, pad byte) []byte {
 // emitContent is what outbox_emit writes for r in the transaction of full
 // id xid, signed with key: format v3 (replication.MessagePrefix's layout).
 func emitContent(r Row, xid uint64, key []byte) []byte {
-	signed := fmt.Sprintf("%d:%d:%s%d:%s%d:%s%s", xid, len(r.Topic), r.Topic, len(r.Key), r.Key, 2, "{}", r.Payload)
+	headers := "{}"
+	if r.Kind == RowBadEmit {
+		headers = `{"outbox-id": "42"}`
+	}
+	signed := fmt.Sprintf("%d:%d:%s%d:%s%d:%s%s", xid, len(r.Topic), r.Topic, len(r.Key), r.Key, len(headers), headers, r.Payload)
 	m := hmac.New(sha256.New, key)
 	m.Write([]byte("v3:"))
 	m.Write([]byte(signed))
@@ -137,7 +145,7 @@ func emitContent(r Row, xid uint64, key []byte) []byte {
 func encodeMessage(lsn pglogrepl.LSN, r Row, xid uint32) []byte {
 	prefix, content := replication.MessagePrefix, []byte(nil)
 	switch r.Kind {
-	case RowEmit:
+	case RowEmit, RowBadEmit:
 		content = emitContent(r, uint64(xid), emitKey)
 	case RowForged:
 		content = emitContent(r, uint64(xid), forgerKey)

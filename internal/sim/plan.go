@@ -18,6 +18,7 @@ import (
 const (
 	Topic           = "orders"
 	CheckpointTopic = "outboxd.checkpoints"
+	DeadLetterTopic = "orders.dead-letter"
 )
 
 // Sizes bound a run's workload and fault schedule.
@@ -33,18 +34,22 @@ type Sizes struct {
 	// was): set-up requests, the checkpoint read, connections cut.
 	MoreKafkaFaults int
 	// Brokers is kfake's cluster size (0: one); Moves are leader or
-	// coordinator moves among them, drawn last of all.
+	// coordinator moves among them, drawn after the messages.
 	Brokers    int32
 	Moves      int
 	Partitions int32 // partitions of Topic
 	// Messages adds logical decoding messages to the workload (see
 	// Plan.addMessages).
 	Messages bool
+	// BadRows adds bad events (see Plan.addBadRows), and BigTxn now and
+	// then one transaction of 1,000 to BigTxn rows: both drawn last.
+	BadRows bool
+	BigTxn  int
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -248,7 +253,61 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 		}
 		p.Kafka = append(p.Kafka, f)
 	}
+	if sz.BadRows {
+		p.addBadRows(r)
+	}
+	if sz.BigTxn >= 1000 && r.IntN(8) == 0 {
+		p.addBigTxn(r)
+	}
 	return p
+}
+
+// addBadRows puts a bad event into about one transaction in ten: a row
+// whose topic is NULL (no default topic is set) or an outbox_emit message
+// that sets a header outboxd sets. Both are dead-lettered.
+func (p *Plan) addBadRows(r *rand.Rand) {
+	next := p.maxID() + 1
+	for i, rows := range p.Txns {
+		if r.IntN(10) != 0 {
+			continue
+		}
+		b := Row{Key: fmt.Sprintf("agg-%d", r.IntN(p.Sizes.Keys)), Payload: fmt.Sprintf(`{"bad": %d}`, i)}
+		if r.IntN(2) == 0 {
+			b.Kind, b.ID = RowBadTopic, next
+			next++
+		} else {
+			b.Kind, b.Topic = RowBadEmit, Topic
+		}
+		p.Txns[i] = slices.Insert(rows, r.IntN(len(rows)+1), b)
+	}
+}
+
+// addBigTxn makes one transaction 1,000 to Sizes.BigTxn rows long: far
+// more than the in-flight budget holds, so a session reads it under
+// backpressure, and a cut or a crash lands inside it.
+func (p *Plan) addBigTxn(r *rand.Rand) {
+	i := r.IntN(len(p.Txns))
+	n := 1000 + r.IntN(p.Sizes.BigTxn-999)
+	id := p.maxID() + 1
+	rows := p.Txns[i]
+	for j := range n {
+		rows = append(rows, Row{ID: id + int64(j), Key: fmt.Sprintf("agg-%d", r.IntN(p.Sizes.Keys)), Topic: Topic,
+			Payload: fmt.Sprintf(`{"id": %d, "big": true}`, id+int64(j))})
+	}
+	p.Txns[i] = rows
+}
+
+// maxID is the highest table row id of the workload.
+func (p *Plan) maxID() int64 {
+	var m int64
+	for _, t := range p.Txns {
+		for _, r := range t {
+			if !r.message() {
+				m = max(m, r.ID)
+			}
+		}
+	}
+	return m
 }
 
 // addMessages puts logical decoding messages into about a quarter of the

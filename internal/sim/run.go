@@ -38,18 +38,20 @@ type Options struct {
 
 // Report is what a run found.
 type Report struct {
-	Seed        uint64
-	Delivery    string
-	Took        time.Duration
-	Txns        int
-	Events      int
-	Records     int // event records a read_committed reader saw
-	Connections int
-	Confirmed   string // the slot's final confirmed position
-	WALEnd      string
-	Fired       []string // the faults that happened
-	Ended       []string // how each walsender connection ended
-	Violations  []string
+	Seed     uint64
+	Delivery string
+	Took     time.Duration
+	Txns     int
+	Events   int
+	Records  int // event records a read_committed reader saw
+	// DeadLettered is the records of the dead-letter topic it saw.
+	DeadLettered int
+	Connections  int
+	Confirmed    string // the slot's final confirmed position
+	WALEnd       string
+	Fired        []string // the faults that happened
+	Ended        []string // how each walsender connection ended
+	Violations   []string
 	// Goroutines is a dump of every goroutine when the run did not
 	// finish in time.
 	Goroutines string
@@ -79,7 +81,8 @@ func Run(opts Options) *Report {
 		rep.Violations = append(rep.Violations, fmt.Sprintf(format, args...))
 	}
 
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(int(max(1, opts.Sizes.Brokers))), kfake.SeedTopics(opts.Sizes.Partitions, Topic))
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(int(max(1, opts.Sizes.Brokers))),
+		kfake.SeedTopics(opts.Sizes.Partitions, Topic), kfake.SeedTopics(1, DeadLetterTopic))
 	if err != nil {
 		fail("start kfake: %v", err)
 		return rep
@@ -165,12 +168,16 @@ func Run(opts Options) *Report {
 		fail("walsender: %s", p)
 	}
 
-	recs, err := readTopic(brokers, opts.Sizes.Partitions)
+	recs, err := readTopic(brokers, Topic, opts.Sizes.Partitions)
 	if err != nil {
 		fail("read the topic: %v", err)
 	}
-	rep.Records = len(recs)
-	for _, v := range check(ws.Txns(), confirmed, recs, opts.Delivery == publisher.ExactlyOnce) {
+	dead, err := readTopic(brokers, DeadLetterTopic, 1)
+	if err != nil {
+		fail("read the dead-letter topic: %v", err)
+	}
+	rep.Records, rep.DeadLettered = len(recs), len(dead)
+	for _, v := range check(ws.Txns(), confirmed, recs, dead, opts.Delivery == publisher.ExactlyOnce) {
 		fail("%s", v)
 	}
 	return rep
@@ -207,6 +214,7 @@ func serviceConfig(delivery string) publisher.Config {
 	c := publisher.DefaultConfig()
 	c.Delivery = delivery
 	c.CheckpointTopic = CheckpointTopic
+	c.DeadLetterTopic = DeadLetterTopic
 	c.CheckpointInterval = 50 * time.Millisecond
 	c.TxnMaxAge = 20 * time.Millisecond
 	c.RestartBackoffMin = 10 * time.Millisecond
@@ -326,12 +334,11 @@ type record struct {
 	value     string
 }
 
-// readTopic reads every event record of Topic as a read_committed consumer
-// does. To know it read to the end it first writes a sentinel to every
+// readTopic reads every record of topic as a read_committed consumer does. To know it read to the end it first writes a sentinel to every
 // partition, outside any transaction: a read_committed reader reaches it
 // only once every transaction before it ended, so an open transaction left
 // behind shows as a partition that never reaches its sentinel.
-func readTopic(brokers []string, partitions int32) ([]record, error) {
+func readTopic(brokers []string, topic string, partitions int32) ([]record, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	pcl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
@@ -339,14 +346,14 @@ func readTopic(brokers []string, partitions int32) ([]record, error) {
 		return nil, err
 	}
 	for p := range partitions {
-		r := &kgo.Record{Topic: Topic, Partition: p, Value: []byte("sentinel"), Headers: []kgo.RecordHeader{{Key: "sim-sentinel"}}}
+		r := &kgo.Record{Topic: topic, Partition: p, Value: []byte("sentinel"), Headers: []kgo.RecordHeader{{Key: "sim-sentinel"}}}
 		if err := pcl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			pcl.Close()
 			return nil, fmt.Errorf("write the sentinel of partition %d: %w", p, err)
 		}
 	}
 	pcl.Close()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(Topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// kfake can hold a first Fetch for its whole max wait (see the
 		// kafka package's readCommitted): keep it short.
@@ -380,7 +387,7 @@ func readTopic(brokers []string, partitions int32) ([]record, error) {
 				case "sim-sentinel":
 					reached[r.Partition] = true
 					return
-				case "outbox-id":
+				case "outbox-id", kafka.HeaderDLQEventID:
 					if id, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
 						rec.id = id
 					}

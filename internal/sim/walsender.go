@@ -40,10 +40,20 @@ const (
 	RowForged   // outboxd's prefix, signed with another key (bad_mac)
 	RowReplayed // authentic content signed in another transaction, emitted again (replayed)
 	RowForeign  // another prefix (the frame filter drops its content unread)
+	// Bad events: written by a trusted writer, but no record can be made
+	// of them, so they go to the dead-letter topic.
+	RowBadTopic // an INSERT whose topic is NULL, with no default topic
+	RowBadEmit  // outbox_emit's message whose headers set outbox-id, a header outboxd sets
 )
 
 // Event reports whether the row is an event outboxd must publish.
 func (r Row) Event() bool { return r.Kind == RowInsert || r.Kind == RowEmit }
+
+// Bad reports whether the row is a bad event: dead-lettered, not published.
+func (r Row) Bad() bool { return r.Kind == RowBadTopic || r.Kind == RowBadEmit }
+
+// message reports whether the row is a logical decoding message.
+func (r Row) message() bool { return r.Kind != RowInsert && r.Kind != RowBadTopic }
 
 // Txn is one committed PostgreSQL transaction in the walsender's WAL.
 type Txn struct {
@@ -77,7 +87,7 @@ func (t *Txn) messages(withRelation bool) []walMsg {
 		if (withRelation || t.Relation) && i == 0 {
 			out = append(out, walMsg{at, encodeRelation(), 'R'})
 		}
-		if r.Kind != RowInsert {
+		if r.message() {
 			out = append(out, walMsg{at, encodeMessage(at, r, t.Xid), 'M'})
 			continue
 		}
@@ -229,7 +239,7 @@ func (w *Walsender) Commit(rows []Row, idle int, relation bool) *Txn {
 	t := &Txn{Index: len(w.txns), Xid: w.nextXid, Begin: w.walEnd, Rows: slices.Clone(rows), Relation: relation}
 	w.nextXid++
 	for i := range t.Rows {
-		if t.Rows[i].Kind != RowInsert {
+		if t.Rows[i].message() {
 			t.Rows[i].ID = int64(t.Begin) + int64(0x40*(i+1)) // as Txn.messages places it
 		}
 	}
