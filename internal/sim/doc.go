@@ -13,17 +13,23 @@
 // again mid-stream, logical decoding messages among the rows: outbox_emit's
 // (signed and bound to their transaction: events), forged ones, authentic
 // content emitted again in another transaction, and other prefixes' of up
-// to 240 KB — and the fault schedule. Each replication connection,
-// in accept order, may be dropped at a set-up boundary (before the startup
-// answer, IDENTIFY_SYSTEM, the slot query or START_REPLICATION is answered,
-// right after CopyBothResponse while the session sets up, at the first
-// status update) or stalled there, dropped after any number of WAL
-// messages (inside a transaction, between Begin and its first row, between
-// transactions; at the boundary, or hard, as a crash that loses what the
-// client had not read), or stalled mid-stream; the slot may stay held for
-// a moment by the dropped connection. The broker answers produce,
-// AddPartitionsToTxn and EndTxn requests with retriable errors, or pauses.
-// The seed's parity picks the delivery mode, so a seed alone names a run.
+// to 240 KB; bad events (a NULL topic, a reserved header) for the
+// dead-letter topic; in one seed in eight a transaction of 1,000 to 10,000
+// rows, far past the in-flight budget — and the fault schedule. Each
+// replication connection, in accept order, may be dropped at a set-up
+// boundary (before the startup answer, IDENTIFY_SYSTEM, the slot query or
+// START_REPLICATION is answered, right after CopyBothResponse while the
+// session sets up, at the first status update) or stalled there, dropped
+// after any number of WAL messages (inside a transaction, between Begin
+// and its first row, between transactions; at the boundary, or hard, as a
+// crash that loses what the client had not read), or stalled mid-stream;
+// the slot may stay held for a moment by the dropped connection, and a
+// drop may be a server crash that forgets what was confirmed since the
+// last checkpoint. The broker (three kfake nodes) answers produce, fetch,
+// metadata, producer-id and transaction requests with retriable errors,
+// pauses or cuts the connection, and moves partition leaders (the
+// checkpoint partition's too) and transaction coordinators. The seed's
+// parity picks the delivery mode, so a seed alone names a run.
 //
 // The schedule is finite (a fault per scripted connection, a count per
 // broker fault), so the faults stop. After the last burst of the workload
@@ -31,7 +37,8 @@
 // WAL's end (the progress invariant: a hang fails with a dump of every
 // goroutine), stops the service, and checks what a read_committed consumer
 // sees (check): nothing confirmed that is not in Kafka, no record of a
-// message that is not an event, every event delivered (exactly once, and no PostgreSQL transaction torn, in
+// message that is not an event, every bad event in the dead-letter topic,
+// every event delivered (exactly once, and no PostgreSQL transaction torn, in
 // exactly-once mode), and per-key order of first deliveries. The walsender
 // checks on its own that no connection confirms past what it was sent.
 //
