@@ -25,7 +25,7 @@ const maxListed = 8
 // Records carry the event's payload, checked too: a record is the event
 // it claims to be. A forged, replayed or foreign message is no event: a
 // record of one is a violation.
-func check(txns []*Txn, confirmed pglogrepl.LSN, recs, dead []record, exactlyOnce bool) []string {
+func check(txns []*Txn, confirmed pglogrepl.LSN, recs, dead []record, exactlyOnce bool, firstPartition func(key string) int32) []string {
 	var v []string
 	type rowAt struct {
 		txn *Txn
@@ -131,11 +131,18 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs, dead []record, exactlyOnc
 		v = append(v, fmt.Sprintf("exactly-once: %d torn PostgreSQL transactions (rows seen unequally often): %s", len(torn), list(torn)))
 	}
 
-	// 3. Per-key order of first deliveries. A key lives in one partition,
-	// so its records in offset order are the order a consumer sees.
+	// 3. Per-key order of first deliveries. A key lives in one partition
+	// while the partition count stays, so its records in offset order are
+	// the order a consumer sees. When the topic grows, a key may move to
+	// another partition, and outboxd moves it only once every record of it
+	// in its first partition was acknowledged (drain, then move): the
+	// key's records in its first partition come before those in the new
+	// one.
 	sorted := slices.Clone(recs)
 	slices.SortFunc(sorted, func(a, b record) int {
-		return cmp.Or(cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
+		moved := func(r record) bool { return r.partition != firstPartition(r.key) }
+		return cmp.Or(cmp.Compare(a.key, b.key), compareBool(moved(a), moved(b)),
+			cmp.Compare(a.partition, b.partition), cmp.Compare(a.offset, b.offset))
 	})
 	// Commit order is the events' order in the WAL: table ids and
 	// messages' LSNs are not comparable.
@@ -159,6 +166,16 @@ func check(txns []*Txn, confirmed pglogrepl.LSN, recs, dead []record, exactlyOnc
 		v = append(v, "per-key order: "+list(order))
 	}
 	return v
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
 }
 
 var kindNames = [...]string{RowInsert: "insert", RowEmit: "outbox_emit", RowForged: "forged", RowReplayed: "replayed", RowForeign: "foreign",

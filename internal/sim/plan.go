@@ -45,11 +45,13 @@ type Sizes struct {
 	// then one transaction of 1,000 to BigTxn rows: both drawn last.
 	BadRows bool
 	BigTxn  int
+	// Grow adds partitions to Topic in one seed in four, drawn last.
+	Grow bool
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -86,6 +88,8 @@ type KafkaFault struct {
 	MovePartition int32
 	MoveTo        int32
 	Rehash        bool
+	// GrowTo adds partitions to Topic, up to GrowTo (0: none).
+	GrowTo int32
 }
 
 func (f KafkaFault) String() string {
@@ -94,6 +98,8 @@ func (f KafkaFault) String() string {
 		return fmt.Sprintf("burst %d: the leader of %s/%d moves to broker %d", f.At, f.MoveTopic, f.MovePartition, f.MoveTo)
 	case f.Rehash:
 		return fmt.Sprintf("burst %d: the transaction coordinators move", f.At)
+	case f.GrowTo > 0:
+		return fmt.Sprintf("burst %d: %s grows to %d partitions", f.At, Topic, f.GrowTo)
 	}
 	if f.Cut {
 		return fmt.Sprintf("burst %d: the broker cuts the connection of %d %s requests", f.At, f.Count, f.Key.Name())
@@ -259,8 +265,12 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 	if sz.BigTxn >= 1000 && r.IntN(8) == 0 {
 		p.addBigTxn(r)
 	}
+	if sz.Grow && r.IntN(4) == 0 {
+		p.Kafka = append(p.Kafka, KafkaFault{At: r.IntN(len(p.Bursts)), GrowTo: sz.Partitions + 1 + r.Int32N(3)})
+	}
 	return p
 }
+
 
 // addBadRows puts a bad event into about one transaction in ten: a row
 // whose topic is NULL (no default topic is set) or an outbox_emit message

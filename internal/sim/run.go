@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -168,7 +170,13 @@ func Run(opts Options) *Report {
 		fail("walsender: %s", p)
 	}
 
-	recs, err := readTopic(brokers, Topic, opts.Sizes.Partitions)
+	parts := opts.Sizes.Partitions
+	for _, in := range kfaults {
+		if in.f.GrowTo > 0 && in.hits() > 0 {
+			parts = max(parts, in.f.GrowTo)
+		}
+	}
+	recs, err := readTopic(brokers, Topic, parts)
 	if err != nil {
 		fail("read the topic: %v", err)
 	}
@@ -177,7 +185,7 @@ func Run(opts Options) *Report {
 		fail("read the dead-letter topic: %v", err)
 	}
 	rep.Records, rep.DeadLettered = len(recs), len(dead)
-	for _, v := range check(ws.Txns(), confirmed, recs, dead, opts.Delivery == publisher.ExactlyOnce) {
+	for _, v := range check(ws.Txns(), confirmed, recs, dead, opts.Delivery == publisher.ExactlyOnce, keyPartition(opts.Sizes.Partitions)) {
 		fail("%s", v)
 	}
 	return rep
@@ -252,6 +260,8 @@ func kafkaConfig(brokers []string) kafka.Config {
 	c.RequestTimeout = 2 * time.Second
 	c.UnknownTopicTimeout = time.Second
 	c.CheckpointReadTimeout = 5 * time.Second
+	// A grown topic is seen within a fraction of a burst.
+	c.MetadataRefresh = 100 * time.Millisecond
 	c.TransactionTimeout = 20 * time.Second
 	return c
 }
@@ -293,6 +303,10 @@ func injectKafka(c *kfake.Cluster, f KafkaFault) *injected {
 	case f.Rehash:
 		c.RehashCoordinators()
 		in.cuts.Store(1)
+	case f.GrowTo > 0:
+		if growTopic(c.ListenAddrs(), f.GrowTo) == nil {
+			in.cuts.Store(1)
+		}
 	case f.Cut:
 		left := int64(f.Count)
 		c.ControlKey(int16(f.Key), func(kmsg.Request) (kmsg.Response, error, bool) {
@@ -324,6 +338,41 @@ func injectKafka(c *kfake.Cluster, f KafkaFault) *injected {
 }
 
 var errCut = errors.New("sim: connection cut")
+
+// growTopic adds partitions to Topic, as kafka-topics --alter does.
+func growTopic(brokers []string, to int32) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrCreatePartitionsRequest()
+	t := kmsg.NewCreatePartitionsRequestTopic()
+	t.Topic, t.Count = Topic, to
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return err
+	}
+	for _, t := range resp.Topics {
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keyPartition is the partition a key is routed to among n, as outboxd
+// routes it (the Java client's murmur2).
+func keyPartition(n int32) func(key string) int32 {
+	part := kafka.NewJavaPartitioner("")
+	return func(key string) int32 {
+		p, _ := part.Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(key)}, n)
+		return p
+	}
+}
 
 // record is one event record as a consumer sees it.
 type record struct {
