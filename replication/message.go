@@ -154,10 +154,8 @@ type contentCheck struct {
 	// signed says that "<64 hex>:" follows the version (v2 and v3), macOK
 	// that the MAC verifies under one of the keys.
 	signed, macOK bool
-	// xid is the text of a v3 message's transaction id: what precedes the
-	// first ':' after the MAC; xidEnd is false when no ':' follows within
-	// maxXidText bytes.
-	xid    []byte
+	// xidEnd says that a v3 message's transaction id (xidText) ends with
+	// a ':' within maxXidText bytes after the MAC.
 	xidEnd bool
 	// fields is where the fields start in the content: after the xid, the
 	// MAC or "v1:".
@@ -209,11 +207,15 @@ func readCheck(head []byte, macs []hash.Hash, sum *[]byte, hexBuf *[macHexLen]by
 	if c.format == messageV3 {
 		signed := head[signedOff:]
 		if colon := bytes.IndexByte(signed[:min(len(signed), maxXidText)], ':'); colon >= 1 {
-			c.xid, c.xidEnd, c.fields = signed[:colon], true, signedOff+colon+1
+			c.xidEnd, c.fields = true, signedOff+colon+1
 		}
 	}
 	return c
 }
+
+// xidText is the text of a v3 message's transaction id: what precedes the
+// first ':' after the MAC (when xidEnd).
+func (c *contentCheck) xidText() []byte { return c.head[signedOff : c.fields-1] }
 
 // verify checks content c of the message at lsn, written in the
 // transaction whose (32-bit) id is xid, and returns its fields (what
@@ -274,7 +276,7 @@ func (v *messageVerifier) judge(c *contentCheck, lsn pglogrepl.LSN, xid uint32) 
 	case !c.xidEnd:
 		return RejectMalformed, "authentic, but without its transaction id: " + quote(c.head)
 	}
-	full, err := strconv.ParseUint(string(c.xid), 10, 64)
+	full, err := strconv.ParseUint(string(c.xidText()), 10, 64)
 	switch {
 	case err != nil:
 		return RejectMalformed, "authentic, but its transaction id does not parse: " + quote(c.head)
