@@ -81,8 +81,9 @@ const (
 // size outboxd's memory.
 //
 // It holds at most a message's header and its first bytes (up to the
-// prefix and content length), so its memory does not depend on what it
-// reads. Input may arrive in chunks split anywhere. Malformed frames are
+// prefix and content length), and of a streamed outboxd message the first
+// contentHeadMax bytes of its content, so its memory does not depend on
+// what it reads. Input may arrive in chunks split anywhere. Malformed frames are
 // passed on unchanged when nothing of them was dropped yet, for the
 // decoder to report; a message that turns out malformed after part of it
 // was dropped is an error, as is a negative message length. After an
