@@ -224,6 +224,17 @@ bench-memory: deps
 	set -a; source ./.devstack.env; set +a; \
 	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./cmd/outboxd/ | tee bench/results/memory.txt
 
+## bench-stranger: a role with no grants emits a logical decoding message
+## of 1,000,000,000 bytes (PostgreSQL's largest value is 1 GB - 1) with
+## outboxd's own prefix, and outbox_emit writes one of 200 MB, at the
+## Kubernetes manifest's 32 MiB budget: peak RSS against its 256 MiB limit
+## (~2 min; needs the dev stack's .devstack.env): bench/results/stranger.txt.
+.PHONY: bench-stranger
+bench-stranger: deps
+	@set -euo pipefail; \
+	set -a; source ./.devstack.env; set +a; \
+	OUTBOXD_BENCH_STRANGER_BYTES=1000000000 OUTBOXD_BENCH_STRANGER_BUDGET=33554432 $(GO) test -count=1 -timeout 30m -run '^TestRunOwnPrefixMessageDoesNotSizeMemory$$' -v ./cmd/outboxd/ | tee bench/results/stranger.txt
+
 ## bench-audit: the wall time and peak RSS of outboxd audit (built without
 ## -race) over BENCH_AUDIT_EVENTS events (1,000,000 by default): rows
 ## inserted with generate_series, records produced by outboxd's producer

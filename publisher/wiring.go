@@ -51,6 +51,10 @@ func NewKafkaService(cfg Config, w Wiring, log *zap.Logger, m *outbox.Metrics) *
 	cfg.MaxRecordBytes = kcfg.MaxMessageBytes
 	hooks := kafka.ProducerHooks{}
 	stream := w.Stream
+	if stream.MaxMessageBytes == 0 {
+		// An outbox_emit message larger than a record can be is not held.
+		stream.MaxMessageBytes = kcfg.MaxMessageBytes
+	}
 	if m != nil {
 		hooks = m.ProducerHooks()
 		stream.OnForeignMessage = func(f replication.ForeignMessage) {

@@ -45,6 +45,15 @@ type StreamConfig struct {
 	// drops unread as it arrives (see frameFilter): for a metric. It runs
 	// on the goroutine reading the connection and must not block.
 	OnForeignMessage func(ForeignMessage)
+	// MaxMessageBytes is the largest record the producer accepts
+	// (--kafka-max-message-bytes); 0: no bound. An outbox_emit message
+	// whose content is larger (by more than its framing, ownSlack) cannot
+	// be published, so the stream does not hold it: its content is read
+	// through the MAC check as it arrives, and an authentic one becomes a
+	// bad event (see frameFilter). Anyone who can emit a message with
+	// outboxd's prefix (PUBLIC, by default) could otherwise make outboxd
+	// hold up to 1 GB.
+	MaxMessageBytes int
 }
 
 // DefaultStreamConfig returns the defaults: slot and publication "outboxd",

@@ -17,9 +17,12 @@ type Decoder struct {
 	messages      bool
 	nullPayload   bool
 	verifier      *messageVerifier
-	rels          map[uint32]*relation
-	inTxn         bool
-	xid           uint32 // of the transaction in hand (inTxn)
+	// streamed holds the checks of outboxd messages too large to hold
+	// that the frame filter read (nil: none are streamed).
+	streamed *streamedMessages
+	rels     map[uint32]*relation
+	inTxn    bool
+	xid      uint32 // of the transaction in hand (inTxn)
 	// row holds the value spans of the outbox row being decoded.
 	row      []span
 	topicBuf []byte

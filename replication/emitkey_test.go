@@ -72,7 +72,8 @@ func (e *emitDB) open(connString string) (*Stream, error) {
 	return Open(ctx, cfg, zaptest.NewLogger(e.t))
 }
 
-// stream runs s and returns its events and rejections as they come.
+// stream runs s and returns its events, rejections and bad events as they
+// come.
 func (e *emitDB) stream(s *Stream) <-chan Message {
 	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -84,7 +85,7 @@ func (e *emitDB) stream(s *Stream) <-chan Message {
 	go func() {
 		for m := range out {
 			switch m.Kind {
-			case KindEvent, KindRejected:
+			case KindEvent, KindRejected, KindBad:
 				found <- m
 			case KindCommit:
 				progress.confirm(m.Commit.EndLSN)

@@ -1,9 +1,11 @@
 package replication
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -56,6 +58,9 @@ const (
 	stateLength
 	// A foreign message's content, dropped.
 	stateDrop
+	// The content of an outboxd message too large to publish, read through
+	// its MAC check and dropped.
+	stateOwn
 )
 
 // frameFilter reads the backend's side of a replication connection and
@@ -66,13 +71,19 @@ const (
 // content. Anyone who can execute pg_logical_emit_message (PUBLIC by
 // default) can put such a message of up to 1 GB into the stream, and
 // pgconn reads every message whole into memory before the decoder sees its
-// prefix. Messages with outboxd's own prefix pass whole: their MAC covers
-// the whole content, so they are still read whole (a known gap, see
-// docs/guarantees.md).
+// prefix. Messages with outboxd's own prefix pass whole, unless
+// streamOwn was called and their content is larger than can be published
+// (the producer's max message bytes): that content is read through its MAC
+// check (contentStream) as it arrives and dropped too, the message goes on
+// with empty content, and its check waits in the streamedMessages for the
+// decoder. Its MAC covers the whole content, so holding the content to
+// check it would let anyone who can emit a message with outboxd's prefix
+// size outboxd's memory.
 //
 // It holds at most a message's header and its first bytes (up to the
-// prefix and content length), so its memory does not depend on what it
-// reads. Input may arrive in chunks split anywhere. Malformed frames are
+// prefix and content length), and of a streamed outboxd message the first
+// contentHeadMax bytes of its content, so its memory does not depend on
+// what it reads. Input may arrive in chunks split anywhere. Malformed frames are
 // passed on unchanged when nothing of them was dropped yet, for the
 // decoder to report; a message that turns out malformed after part of it
 // was dropped is an error, as is a negative message length. After an
@@ -93,6 +104,10 @@ type frameFilter struct {
 	rerr error  // the reader's error, returned once in is used up
 	err  error  // sticky: the stream is broken
 
+	// big, once set, streams outboxd messages larger than it allows.
+	big    atomic.Pointer[ownStreaming]
+	ownMsg streamedMessage // the one being streamed
+
 	state    filterState
 	copyBoth bool
 	left     int64  // bytes of the current message's body not yet read
@@ -104,6 +119,30 @@ type frameFilter struct {
 func newFrameFilter(r io.Reader, own string, onDrop func(ForeignMessage)) *frameFilter {
 	return &frameFilter{r: r, own: own, onDrop: onDrop, buf: make([]byte, 32<<10),
 		hold: make([]byte, 0, 5+msgPrefOff+maxForeignPrefix+1+4)}
+}
+
+// ownStreaming is how a frame filter reads outboxd messages too large to
+// publish: content larger than over (limit + ownSlack) goes through cs,
+// its check to q.
+type ownStreaming struct {
+	limit int
+	over  int64
+	cs    *contentStream
+	q     *streamedMessages
+}
+
+// ownSlack is what an outboxd message's content holds besides what its
+// record carries (the version, MAC, xid, field lengths, the topic and the
+// headers' JSON syntax): a content larger than the max message bytes by
+// more than it cannot become a record of at most that size.
+const ownSlack = 64 << 10
+
+// streamOwn makes the filter stream, rather than pass whole, the outboxd
+// messages whose content is larger than limit + ownSlack bytes, verifying
+// them with the keys of k; q receives their checks. Call it before
+// START_REPLICATION: a session reads the key on the connection it filters.
+func (f *frameFilter) streamOwn(k *MessageKey, limit int, q *streamedMessages) {
+	f.big.Store(&ownStreaming{limit: limit, over: int64(limit) + ownSlack, cs: newContentStream(k), q: q})
 }
 
 // Read implements io.Reader. It fills p as far as the input already read
@@ -235,6 +274,16 @@ func (f *frameFilter) step(p []byte) int {
 		}
 		f.drop()
 		return 0
+	case stateOwn:
+		big := f.big.Load()
+		n := min(int64(len(f.in)), f.left)
+		big.cs.write(f.in[:n])
+		f.in = f.in[n:]
+		f.left -= n
+		if f.left == 0 {
+			f.ownDone()
+		}
+		return 0
 	default: // stateDrop
 		n := min(int64(len(f.in)), f.left)
 		f.in = f.in[n:]
@@ -288,6 +337,12 @@ func (f *frameFilter) peek() {
 		case peekLongPrefix:
 			f.state = stateDropPrefix
 			return
+		case peekOwn:
+			f.state = stateOwn
+			if f.left == 0 { // all of the content was held
+				f.ownDone()
+			}
+			return
 		}
 		before := len(f.hold)
 		f.take(int64(5 + need))
@@ -304,6 +359,7 @@ const (
 	peekPass                          // not a foreign logical decoding message
 	peekDrop                          // foreign, its content length read: drop it
 	peekLongPrefix                    // foreign, its prefix longer than the bound
+	peekOwn                           // outboxd's, too large to publish: stream it
 )
 
 // classify decides what a CopyData whose body is size bytes long and
@@ -352,7 +408,9 @@ func (f *frameFilter) classify(head []byte, size int64) (need int, v peekVerdict
 		f.hold = f.hold[:5+msgPrefOff+maxForeignPrefix]
 		return 0, peekLongPrefix
 	}
-	if string(prefix[:nul]) == f.own {
+	own := string(prefix[:nul]) == f.own
+	big := f.big.Load()
+	if own && big == nil {
 		return 0, peekPass
 	}
 	end := msgPrefOff + nul + 1 + 4
@@ -366,6 +424,18 @@ func (f *frameFilter) classify(head []byte, size int64) (need int, v peekVerdict
 	if n != size-int64(end) {
 		return 0, peekPass // content length does not match
 	}
+	if own {
+		if n <= big.over {
+			return 0, peekPass
+		}
+		f.ownMsg = streamedMessage{lsn: pglogrepl.LSN(binary.BigEndian.Uint64(head[msgLSNOff:])), size: n, limit: big.limit}
+		// The head may hold the content's first bytes already (read while
+		// looking for the prefix's end): they are the stream's first.
+		big.cs.reset()
+		big.cs.write(head[end:])
+		f.hold = f.hold[:5+msgPrefOff+nul]
+		return 0, peekOwn
+	}
 	f.foreign = ForeignMessage{
 		LSN:           pglogrepl.LSN(binary.BigEndian.Uint64(head[msgLSNOff:])),
 		Transactional: head[msgFlagsOff]&1 != 0,
@@ -376,14 +446,34 @@ func (f *frameFilter) classify(head []byte, size int64) (need int, v peekVerdict
 	return 0, peekDrop
 }
 
-// drop passes on the foreign message held (header, XLogData header,
-// message fields up to its prefix, without the NUL) with empty content,
-// and drops the f.left bytes of content that follow.
-func (f *frameFilter) drop() {
+// ownDone records the check of the outboxd message streamed and passes
+// the message on with empty content. The check goes first, so that the
+// decoder finds it when it reads the message.
+func (f *frameFilter) ownDone() {
+	big := f.big.Load()
+	m := f.ownMsg
+	m.check = big.cs.check()
+	m.check.head = bytes.Clone(m.check.head)
+	big.q.push(m)
+	f.emitEmpty()
+	f.state = stateHead
+}
+
+// emitEmpty passes on the logical decoding message held (header, XLogData
+// header, message fields up to its prefix, without the NUL) with empty
+// content.
+func (f *frameFilter) emitEmpty() {
 	out := append(f.outb[:0], f.hold...)
 	out = append(out, 0, 0, 0, 0, 0) // the prefix's NUL, content length 0
 	binary.BigEndian.PutUint32(out[1:5], uint32(len(out)-1))
 	f.out, f.outb, f.hold = out, out, f.hold[:0]
+}
+
+// drop passes on the foreign message held (header, XLogData header,
+// message fields up to its prefix, without the NUL) with empty content,
+// and drops the f.left bytes of content that follow.
+func (f *frameFilter) drop() {
+	f.emitEmpty()
 	f.state = stateDrop
 	if f.left == 0 {
 		f.state = stateHead

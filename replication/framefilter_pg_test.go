@@ -8,10 +8,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -99,6 +101,90 @@ func TestStreamForeignMessageNotHeld(t *testing.T) {
 	defer mu.Unlock()
 	if len(foreign) != 1 || foreign[0].Prefix != "stranger" || foreign[0].Size != size || !foreign[0].Transactional {
 		t.Errorf("foreign messages reported: %+v, want the one of prefix stranger and %d bytes", foreign, size)
+	}
+}
+
+// TestStreamOwnMessageTooLargeNotHeld: on real PostgreSQL, a role with no
+// grants emits a 100 MB message with outboxd's prefix shaped like
+// outbox_emit's, and outbox_emit writes an event of 100 MB between small
+// ones, with the stream's max message bytes at 1 MB. The forged one is
+// rejected as bad_mac, the authentic one is a bad event naming its size,
+// with its topic and key and no payload, the small events arrive in order,
+// and the process allocates far less than the messages while reading them:
+// the key reaches the frame filter before the stream starts. Before, both
+// were read whole to check their MAC.
+func TestStreamOwnMessageTooLargeNotHeld(t *testing.T) {
+	const size = 100_000_000
+	e := newEmitDB(t)
+	ctx := context.Background()
+	e.exec(`SELECT outbox_emit('t', 'k', '{"n": 1}')`)
+	role := testenv.UniqueName("stranger")
+	e.exec(`CREATE ROLE ` + pgx.Identifier{role}.Sanitize())
+	t.Cleanup(func() { _, _ = e.conn.Exec(context.Background(), `DROP ROLE `+pgx.Identifier{role}.Sanitize()) })
+	err := pgx.BeginFunc(ctx, e.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL ROLE `+pgx.Identifier{role}.Sanitize()); err != nil {
+			return err
+		}
+		// Built by the server: the test process never holds it either.
+		_, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', 'v3:' || repeat('0', 64) || ':1:' || repeat('x', $1))`, size)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, e.conn, func(tx pgx.Tx) error {
+		for _, q := range []string{
+			`SELECT outbox_emit('t', 'k', '{"n": 2}')`,
+			`SELECT outbox_emit('big-topic', 'big-key', jsonb_build_object('pad', repeat('y', 100000000)))`,
+			`SELECT outbox_emit('t', 'k', '{"n": 3}')`,
+		} {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec(`SELECT outbox_emit('t', 'k', '{"n": 4}')`)
+
+	cfg := DefaultStreamConfig()
+	cfg.ConnString, cfg.Slot, cfg.Publication = e.connString, e.slot, e.pub
+	cfg.StatusInterval, cfg.ConnectTimeout = 100*time.Millisecond, 30*time.Second
+	cfg.Decoder.Messages = true
+	cfg.MaxMessageBytes = 1_000_000
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	octx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	s, err := Open(octx, cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms := e.stream(s)
+	wantEvent(t, ms, `{"n": 1}`)
+	if m := next(t, ms); m.Kind != KindRejected || m.Rejected.Reason != RejectBadMAC {
+		t.Fatalf("the forged message: %v %+v, want rejected as bad_mac", m.Kind, m.Rejected)
+	}
+	wantEvent(t, ms, `{"n": 2}`)
+	m := next(t, ms)
+	if m.Kind != KindBad || !strings.Contains(m.Bad.Reason, "larger than --kafka-max-message-bytes (1000000)") {
+		t.Fatalf("the authentic message: %v %+v %+v, want a bad event naming its size", m.Kind, m.Rejected, m.Bad)
+	}
+	want := []ColumnText{{Name: "topic", Value: []byte("big-topic")}, {Name: "key", Value: []byte("big-key")}}
+	if !reflect.DeepEqual(m.Bad.Columns, want) {
+		t.Errorf("bad event columns %+v, want its topic and key only", m.Bad.Columns)
+	}
+	wantEvent(t, ms, `{"n": 3}`)
+	wantEvent(t, ms, `{"n": 4}`)
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	alloc := after.TotalAlloc - before.TotalAlloc
+	t.Logf("allocated %d MiB while streaming two own-prefix messages of %d MB (heap in use %d MiB)", alloc>>20, size/1_000_000, after.HeapInuse>>20)
+	if alloc > size/4 {
+		t.Errorf("allocated %d MiB while streaming, want well below the messages' %d MB: a content was held", alloc>>20, size/1_000_000)
 	}
 }
 

@@ -46,22 +46,35 @@ func copyData(walData []byte) []byte {
 
 var copyBoth = beFrame('W', []byte{0, 0, 0})
 
+// rotatedKey is testKey after a rotation: three keys to verify with.
+var rotatedKey = &MessageKey{Key: testKey.Key, Next: testKey.Next, Previous: bytes.Repeat([]byte{0x3C}, 32),
+	InstalledLSN: testKey.InstalledLSN, V2Until: testKey.V2Until, NextXid: testKey.NextXid}
+
 // referenceFilter is the frame filter's contract on whole input: the
 // messages of in, each transformed alone. ok is false when in ends inside
 // a message or the filter must fail at one; out then holds the messages
 // before it.
 func referenceFilter(in []byte, own string) (out []byte, drops []ForeignMessage, ok bool, fail bool) {
+	out, drops, _, ok, fail = referenceFilterOwn(in, own, -1, nil)
+	return out, drops, ok, fail
+}
+
+// referenceFilterOwn is referenceFilter for a filter that streams own
+// messages whose content is longer than over bytes (-1: none) with the
+// keys of k: those go on with empty content, and checks holds what the
+// whole-content verifier reads from each.
+func referenceFilterOwn(in []byte, own string, over int64, k *MessageKey) (out []byte, drops []ForeignMessage, checks []streamedMessage, ok bool, fail bool) {
 	inCopy := false
 	for len(in) > 0 {
 		if len(in) < 5 {
-			return out, drops, false, false
+			return out, drops, checks, false, false
 		}
 		typ, n := in[0], int32(binary.BigEndian.Uint32(in[1:5]))
 		if n < 4 {
-			return out, drops, false, true
+			return out, drops, checks, false, true
 		}
 		if int64(len(in)) < 1+int64(n) {
-			return out, drops, false, false
+			return out, drops, checks, false, false
 		}
 		msg, body := in[:1+n], in[5:1+n]
 		in = in[1+n:]
@@ -84,6 +97,13 @@ func referenceFilter(in []byte, own string) (out []byte, drops []ForeignMessage,
 		rest := body[msgPrefOff:]
 		nul := bytes.IndexByte(rest, 0)
 		long := nul > maxForeignPrefix || nul < 0 && len(rest) > maxForeignPrefix+1
+		if !long && nul >= 0 && string(rest[:nul]) == own && over >= 0 && len(rest) >= nul+5 &&
+			int(binary.BigEndian.Uint32(rest[nul+1:])) == len(rest)-nul-5 && int64(len(rest)-nul-5) > over {
+			content := rest[nul+5:]
+			checks = append(checks, streamedMessage{lsn: lsn, size: int64(len(content)), check: wholeCheck(content, k)})
+			out = append(out, beFrame('d', logicalHead(body, rest[:nul]))...)
+			continue
+		}
 		if !long {
 			if nul < 0 || string(rest[:nul]) == own || len(rest) < nul+5 ||
 				int(binary.BigEndian.Uint32(rest[nul+1:])) != len(rest)-nul-5 {
@@ -95,13 +115,46 @@ func referenceFilter(in []byte, own string) (out []byte, drops []ForeignMessage,
 			continue
 		}
 		if nul < 0 || len(rest) < nul+5 || int(binary.BigEndian.Uint32(rest[nul+1:])) != len(rest)-nul-5 {
-			return out, drops, false, true
+			return out, drops, checks, false, true
 		}
 		cut := rest[:maxForeignPrefix]
 		drops = append(drops, ForeignMessage{LSN: lsn, Transactional: tx, Prefix: string(cut), PrefixCut: true, Size: int64(len(rest) - nul - 5)})
 		out = append(out, beFrame('d', logicalHead(body, cut))...)
 	}
-	return out, drops, true, false
+	return out, drops, checks, true, false
+}
+
+// wholeCheck is what verify reads from the whole content c under the keys
+// of k, its head cut to what a contentStream holds.
+func wholeCheck(c []byte, k *MessageKey) contentCheck {
+	v := newMessageVerifier(k)
+	if macSigned(c) {
+		for _, m := range v.macs {
+			m.Reset()
+			m.Write(c[:len(messageV3)])
+			m.Write(c[signedOff:])
+		}
+	}
+	chk := readCheck(c, v.macs, &v.sum, &v.hex)
+	chk.head = bytes.Clone(chk.head[:min(len(chk.head), contentHeadMax)])
+	return chk
+}
+
+// firstDiff says where got and want, too long to print, differ.
+func firstDiff(got, want []byte) string {
+	i := 0
+	for i < len(got) && i < len(want) && got[i] == want[i] {
+		i++
+	}
+	from := max(0, i-40)
+	return fmt.Sprintf("%d bytes, want %d; from byte %d: got %q, want %q", len(got), len(want), from,
+		got[from:min(len(got), i+40)], want[from:min(len(want), i+40)])
+}
+
+// sameCheck compares two contentChecks by value.
+func sameCheck(a, b contentCheck) bool {
+	return a.format == b.format && a.signed == b.signed && a.macOK == b.macOK &&
+		a.xidEnd == b.xidEnd && a.fields == b.fields && bytes.Equal(a.head, b.head)
 }
 
 // logicalHead is a message's body up to its prefix, then prefix, with
@@ -221,6 +274,60 @@ func checkAgainstReference(t testing.TB, in []byte, readSizes, pSizes []int, tim
 	for i := range drops {
 		if drops[i] != wantDrops[i] {
 			t.Fatalf("drop %d: %+v, want %+v", i, drops[i], wantDrops[i])
+		}
+	}
+}
+
+// runFilterOwn is runFilter with own messages longer than over streamed
+// under the keys of k; it returns the checks the filter recorded.
+func runFilterOwn(t testing.TB, in []byte, readSizes, pSizes []int, timeouts bool, over int64, k *MessageKey) ([]byte, []ForeignMessage, []streamedMessage, error) {
+	var drops []ForeignMessage
+	f := newFrameFilter(&chunked{in: in, sizes: readSizes, timeouts: timeouts}, MessagePrefix, func(m ForeignMessage) { drops = append(drops, m) })
+	q := &streamedMessages{}
+	f.streamOwn(k, 1, q)
+	f.big.Load().over = over
+	out, err := drain(t, f, pSizes)
+	return out, drops, q.q, err
+}
+
+// checkAgainstReferenceOwn is checkAgainstReference for a filter that
+// streams own messages longer than over bytes: the same output, and for
+// each streamed message the check the whole-content verifier reads.
+func checkAgainstReferenceOwn(t testing.TB, in []byte, readSizes, pSizes []int, timeouts bool, over int64, k *MessageKey) {
+	t.Helper()
+	want, wantDrops, wantChecks, ok, fail := referenceFilterOwn(in, MessagePrefix, over, k)
+	got, drops, checks, err := runFilterOwn(t, in, readSizes, pSizes, timeouts, over, k)
+	switch {
+	case ok:
+		if err != io.EOF {
+			t.Fatalf("whole input: error %v, want io.EOF", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("output differs from the reference: %s", firstDiff(got, want))
+		}
+	case fail:
+		if err == nil || err == io.EOF || !errors.Is(err, ErrProtocol) {
+			t.Fatalf("input the filter must refuse: error %v, want ErrProtocol", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("output before the bad message differs: %s", firstDiff(got, want))
+		}
+	default:
+		if !bytes.HasPrefix(got, want) {
+			t.Fatalf("input cut short: output does not start with the reference's whole messages:\n got %q\nwant %q", got, want)
+		}
+		return
+	}
+	if len(drops) != len(wantDrops) {
+		t.Fatalf("dropped %+v, want %+v", drops, wantDrops)
+	}
+	if len(checks) != len(wantChecks) {
+		t.Fatalf("streamed %d own messages, want %d", len(checks), len(wantChecks))
+	}
+	for i, c := range checks {
+		w := wantChecks[i]
+		if c.lsn != w.lsn || c.size != w.size || !sameCheck(c.check, w.check) {
+			t.Fatalf("streamed message %d: %+v\nthe whole-content verifier reads %+v", i, c, w)
 		}
 	}
 }
@@ -418,6 +525,15 @@ func genStream(r *rand.Rand) []byte {
 		for i := range b {
 			b[i] = byte(r.IntN(3)) // NULs among them
 		}
+		switch r.IntN(6) {
+		case 0: // what outbox_emit writes, under any of the keys
+			return signedV3([][]byte{rotatedKey.Key, rotatedKey.Next, rotatedKey.Previous, {9}}[r.IntN(4)], uint64(r.IntN(3)), fieldsOf("t", "k", "{}", string(b)))
+		case 1:
+			return signed(rotatedKey.Key, fieldsOf("t", "k", "{}", string(b)))
+		case 2: // cut inside the MAC or xid
+			c := signedV3(rotatedKey.Key, 1, fieldsOf("t", "k", "{}", string(b)))
+			return c[:r.IntN(len(c)+1)]
+		}
 		return b
 	}
 	msg := func() []byte {
@@ -484,8 +600,11 @@ func TestFrameFilterMatchesReference(t *testing.T) {
 		timeouts := r.IntN(2) == 0
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
 			checkAgainstReference(t, in, readSizes, pSizes, timeouts)
+			over := int64(r.IntN(200))
+			checkAgainstReferenceOwn(t, in, readSizes, pSizes, timeouts, over, rotatedKey)
 			if cut := r.IntN(len(in) + 1); cut < len(in) {
 				checkAgainstReference(t, in[:cut], readSizes, pSizes, timeouts)
+				checkAgainstReferenceOwn(t, in[:cut], readSizes, pSizes, timeouts, over, rotatedKey)
 			}
 		})
 	}
@@ -501,6 +620,7 @@ func FuzzFrameFilter(f *testing.F) {
 		}
 	}
 	f.Add(append(bytes.Clone(copyBoth), copyData(logicalMsg(true, 1, "x", []byte("yz")))...), []byte{1})
+	f.Add(append(bytes.Clone(copyBoth), copyData(logicalMsg(true, 1, MessagePrefix, signedV3(rotatedKey.Previous, 1, fieldsOf("t", "k", "{}", "{}"))))...), []byte{1, 9})
 	f.Fuzz(func(t *testing.T, in []byte, splits []byte) {
 		sizes := make([]int, len(splits))
 		for i, b := range splits {
@@ -510,6 +630,9 @@ func FuzzFrameFilter(f *testing.F) {
 		// interesting states.
 		checkAgainstReference(t, append(bytes.Clone(copyBoth), in...), sizes, sizes, len(splits)%2 == 1)
 		checkAgainstReference(t, in, sizes, nil, false)
+		// Own messages longer than a few bytes streamed through their MAC
+		// check: the check is the whole-content verifier's.
+		checkAgainstReferenceOwn(t, append(bytes.Clone(copyBoth), in...), sizes, sizes, len(splits)%2 == 1, int64(len(splits)%64), rotatedKey)
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash"
 	"strconv"
+	"sync"
 
 	"github.com/jackc/pglogrepl"
 )
@@ -114,14 +115,20 @@ func newMessageVerifier(k *MessageKey) *messageVerifier {
 	if k == nil || len(k.Key) == 0 {
 		return nil
 	}
-	v := &messageVerifier{key: k}
-	for _, key := range [][]byte{k.Key, k.Next, k.Previous} {
-		if len(key) > 0 {
-			v.macs = append(v.macs, hmac.New(sha256.New, key))
-		}
-	}
+	v := &messageVerifier{key: k, macs: keyMACs(k)}
 	v.raiseMinXid(k.NextXid)
 	return v
+}
+
+// keyMACs is one HMAC-SHA256 per key of k, Key first.
+func keyMACs(k *MessageKey) []hash.Hash {
+	var macs []hash.Hash
+	for _, key := range [][]byte{k.Key, k.Next, k.Previous} {
+		if len(key) > 0 {
+			macs = append(macs, hmac.New(sha256.New, key))
+		}
+	}
+	return macs
 }
 
 func (v *messageVerifier) raiseMinXid(xid uint64) {
@@ -130,79 +137,215 @@ func (v *messageVerifier) raiseMinXid(xid uint64) {
 	}
 }
 
+// signedOff is where what the MAC of v2 and v3 content covers (after the
+// version) starts: after "vN:<64 hex>:".
+const signedOff = len(messageV3) + macHexLen + 1
+
+// maxXidText bounds a v3 xid's digits and the ':' after them.
+const maxXidText = 21
+
+// contentCheck is what decides whether an outboxd message is authentic,
+// read from its content: by verify from the whole of it, or by a
+// contentStream from its first bytes while the rest streams through the
+// MACs, for a message too large to hold. One reading and one rule
+// (messageVerifier.judge) for both.
+type contentCheck struct {
+	format string // messageV3, messageV2, messageV1; "" for none of them
+	// signed says that "<64 hex>:" follows the version (v2 and v3), macOK
+	// that the MAC verifies under one of the keys.
+	signed, macOK bool
+	// xidEnd says that a v3 message's transaction id (xidText) ends with
+	// a ':' within maxXidText bytes after the MAC.
+	xidEnd bool
+	// fields is where the fields start in the content: after the xid, the
+	// MAC or "v1:".
+	fields int
+	// head is the content's start (all of it, or at least its first
+	// contentHeadMax bytes), for details.
+	head []byte
+}
+
+// formatOf is the format version content c starts with, "" for none.
+func formatOf(c []byte) string {
+	for _, f := range []string{messageV3, messageV2, messageV1} {
+		if bytes.HasPrefix(c, []byte(f)) {
+			return f
+		}
+	}
+	return ""
+}
+
+// macSigned says whether content starting with head carries a MAC to
+// check: format v2 or v3 with room for it. head must hold the first
+// signedOff bytes, when the content has them.
+func macSigned(head []byte) bool {
+	f := formatOf(head)
+	return (f == messageV3 || f == messageV2) && len(head) >= signedOff && head[signedOff-1] == ':'
+}
+
+// readCheck reads the contentCheck of content starting with head (all of
+// it, or its first contentHeadMax bytes), whose MAC's input (macSigned:
+// the version, then everything from signedOff on) macs were fed.
+func readCheck(head []byte, macs []hash.Hash, sum *[]byte, hexBuf *[macHexLen]byte) contentCheck {
+	c := contentCheck{format: formatOf(head), head: head}
+	switch {
+	case c.format == messageV1:
+		c.fields = len(messageV1)
+		return c
+	case c.format == "" || !macSigned(head):
+		return c
+	}
+	c.signed, c.fields = true, signedOff
+	for _, m := range macs {
+		*sum = m.Sum((*sum)[:0])
+		hex.Encode(hexBuf[:], *sum)
+		if subtle.ConstantTimeCompare(hexBuf[:], head[len(c.format):len(c.format)+macHexLen]) == 1 {
+			c.macOK = true
+			break
+		}
+	}
+	if c.format == messageV3 {
+		signed := head[signedOff:]
+		if colon := bytes.IndexByte(signed[:min(len(signed), maxXidText)], ':'); colon >= 1 {
+			c.xidEnd, c.fields = true, signedOff+colon+1
+		}
+	}
+	return c
+}
+
+// xidText is the text of a v3 message's transaction id: what precedes the
+// first ':' after the MAC (when xidEnd).
+func (c *contentCheck) xidText() []byte { return c.head[signedOff : c.fields-1] }
+
 // verify checks content c of the message at lsn, written in the
 // transaction whose (32-bit) id is xid, and returns its fields (what
 // follows the MAC and xid, or v1's "v1:") when it is authentic; otherwise
 // the reason it is not, and a detail.
 func (v *messageVerifier) verify(c []byte, lsn pglogrepl.LSN, xid uint32) (fields []byte, reason, detail string) {
-	switch {
-	case v == nil:
-		return nil, RejectBadMAC, "outbox_emit's key is not installed"
-	case bytes.HasPrefix(c, []byte(messageV3)):
-	case bytes.HasPrefix(c, []byte(messageV2)):
-		if lsn >= v.key.V2Until {
-			return nil, RejectUnboundV2, fmt.Sprintf("format v2 (not bound to its transaction) after outbox_emit moved to v3 at %s", v.key.V2Until)
+	if v == nil {
+		reason, detail = v.judge(nil, lsn, xid)
+		return nil, reason, detail
+	}
+	if macSigned(c) {
+		for _, m := range v.macs {
+			m.Reset()
+			m.Write(c[:len(messageV3)])
+			m.Write(c[signedOff:])
 		}
-		fields, ok := v.checkMAC(c, messageV2)
-		switch {
-		case fields == nil:
-			return nil, RejectMalformed, "format v2 without a MAC: " + quote(c)
-		case !ok:
-			return nil, RejectBadMAC, "the MAC does not verify with outbox_emit's keys"
-		}
-		return fields, "", ""
-	case bytes.HasPrefix(c, []byte(messageV1)):
-		if lsn < v.key.InstalledLSN {
-			return c[len(messageV1):], "", ""
-		}
-		return nil, RejectUnauthenticated, fmt.Sprintf("format v1 (no MAC) after the key was installed at %s", v.key.InstalledLSN)
-	default:
-		return nil, RejectUnknownFormat, "content is neither format v3, v2 nor v1: " + quote(c)
 	}
-	signed, ok := v.checkMAC(c, messageV3)
-	switch {
-	case signed == nil:
-		return nil, RejectMalformed, "format v3 without a MAC: " + quote(c)
-	case !ok:
-		return nil, RejectBadMAC, "the MAC does not verify with outbox_emit's keys (or was signed with a key rotated in twice since this session started: restart outboxd)"
+	chk := readCheck(c, v.macs, &v.sum, &v.hex)
+	if reason, detail = v.judge(&chk, lsn, xid); reason != "" {
+		return nil, reason, detail
 	}
-	colon := bytes.IndexByte(signed, ':')
-	if colon < 1 || colon > 20 {
-		return nil, RejectMalformed, "authentic, but without its transaction id: " + quote(c)
-	}
-	full, err := strconv.ParseUint(string(signed[:colon]), 10, 64)
-	switch {
-	case err != nil:
-		return nil, RejectMalformed, "authentic, but its transaction id does not parse: " + quote(c)
-	case uint32(full) != xid:
-		return nil, RejectReplayed, fmt.Sprintf("signed in transaction %d, arrived in transaction %d: the content of an earlier message emitted again", full, xid)
-	case full < v.minXid:
-		return nil, RejectReplayed, fmt.Sprintf("signed in transaction %d, an earlier xid epoch than the server's (this session decodes nothing older than %d): emitted again after the xid wrapped around", full, v.minXid)
-	}
-	v.raiseMinXid(full)
-	return signed[colon+1:], "", ""
+	return c[chk.fields:], "", ""
 }
 
-// checkMAC reports whether content c of format version (its prefix) carries
-// a valid MAC under one of the keys, and returns what the MAC covers after
-// the version; nil when c has no room for a MAC.
-func (v *messageVerifier) checkMAC(c []byte, version string) (signed []byte, ok bool) {
-	rest := c[len(version):]
-	if len(rest) < macHexLen+1 || rest[macHexLen] != ':' {
-		return nil, false
+// judge decides on a message at lsn, in the transaction whose (32-bit) id
+// is xid, from what its content says (c, nil when there is no verifier):
+// "" when it is authentic, otherwise the reason it is not and a detail. An
+// authentic v3 message raises minXid.
+func (v *messageVerifier) judge(c *contentCheck, lsn pglogrepl.LSN, xid uint32) (reason, detail string) {
+	if v == nil {
+		return RejectBadMAC, "outbox_emit's key is not installed"
 	}
-	signed = rest[macHexLen+1:]
-	for _, m := range v.macs {
-		m.Reset()
-		m.Write([]byte(version))
-		m.Write(signed)
-		v.sum = m.Sum(v.sum[:0])
-		hex.Encode(v.hex[:], v.sum)
-		if subtle.ConstantTimeCompare(v.hex[:], rest[:macHexLen]) == 1 {
-			return signed, true
+	switch c.format {
+	case messageV3:
+	case messageV2:
+		switch {
+		case lsn >= v.key.V2Until:
+			return RejectUnboundV2, fmt.Sprintf("format v2 (not bound to its transaction) after outbox_emit moved to v3 at %s", v.key.V2Until)
+		case !c.signed:
+			return RejectMalformed, "format v2 without a MAC: " + quote(c.head)
+		case !c.macOK:
+			return RejectBadMAC, "the MAC does not verify with outbox_emit's keys"
+		}
+		return "", ""
+	case messageV1:
+		if lsn < v.key.InstalledLSN {
+			return "", ""
+		}
+		return RejectUnauthenticated, fmt.Sprintf("format v1 (no MAC) after the key was installed at %s", v.key.InstalledLSN)
+	default:
+		return RejectUnknownFormat, "content is neither format v3, v2 nor v1: " + quote(c.head)
+	}
+	switch {
+	case !c.signed:
+		return RejectMalformed, "format v3 without a MAC: " + quote(c.head)
+	case !c.macOK:
+		return RejectBadMAC, "the MAC does not verify with outbox_emit's keys (or was signed with a key rotated in twice since this session started: restart outboxd)"
+	case !c.xidEnd:
+		return RejectMalformed, "authentic, but without its transaction id: " + quote(c.head)
+	}
+	full, err := strconv.ParseUint(string(c.xidText()), 10, 64)
+	switch {
+	case err != nil:
+		return RejectMalformed, "authentic, but its transaction id does not parse: " + quote(c.head)
+	case uint32(full) != xid:
+		return RejectReplayed, fmt.Sprintf("signed in transaction %d, arrived in transaction %d: the content of an earlier message emitted again", full, xid)
+	case full < v.minXid:
+		return RejectReplayed, fmt.Sprintf("signed in transaction %d, an earlier xid epoch than the server's (this session decodes nothing older than %d): emitted again after the xid wrapped around", full, v.minXid)
+	}
+	v.raiseMinXid(full)
+	return "", ""
+}
+
+// contentHeadMax is how much of a streamed message's content a
+// contentStream holds: its version, MAC and xid, and room for its topic
+// and key, which its bad event keeps when they fit.
+const contentHeadMax = 4 << 10
+
+// contentStream reads the content of an outboxd message too large to hold
+// as it arrives: it keeps the first contentHeadMax bytes and feeds what
+// the MAC covers to one MAC per key, so that its contentCheck is the one
+// verify would read from the whole content.
+type contentStream struct {
+	macs   []hash.Hash
+	head   []byte
+	n      int64 // content bytes written
+	signed bool
+	sum    []byte
+	hex    [macHexLen]byte
+}
+
+func newContentStream(k *MessageKey) *contentStream {
+	return &contentStream{macs: keyMACs(k), head: make([]byte, 0, contentHeadMax)}
+}
+
+// reset starts a message.
+func (s *contentStream) reset() {
+	s.head, s.n, s.signed = s.head[:0], 0, false
+}
+
+// write takes the next bytes of the content.
+func (s *contentStream) write(p []byte) {
+	if room := contentHeadMax - len(s.head); room > 0 {
+		s.head = append(s.head, p[:min(room, len(p))]...)
+	}
+	start := s.n
+	s.n += int64(len(p))
+	if s.n < int64(signedOff) {
+		return
+	}
+	if start < int64(signedOff) { // the head now holds version and MAC
+		if s.signed = macSigned(s.head); s.signed {
+			for _, m := range s.macs {
+				m.Reset()
+				m.Write(s.head[:len(messageV3)])
+			}
 		}
 	}
-	return signed, false
+	if s.signed {
+		rest := p[max(0, int64(signedOff)-start):]
+		for _, m := range s.macs {
+			m.Write(rest)
+		}
+	}
+}
+
+// check is the contentCheck of the content written; it aliases the
+// stream's head until the next reset.
+func (s *contentStream) check() contentCheck {
+	return readCheck(s.head, s.macs, &s.sum, &s.hex)
 }
 
 // decodeMessage interprets a logical decoding message ('M'). Messages with
@@ -226,8 +369,20 @@ func (d *Decoder) decodeMessage(b []byte) (Message, error) {
 	reject := func(reason, detail string) (Message, error) {
 		return Message{Kind: KindRejected, Rejected: Rejected{LSN: lsn, Reason: reason, Detail: detail}}, nil
 	}
+	var big *streamedMessage
+	if len(w.content) == 0 && d.streamed != nil {
+		big = d.streamed.take(lsn)
+	}
 	if !w.transactional || !d.inTxn {
 		return reject(RejectNotTransactional, "not transactional: outbox_emit never writes such a message")
+	}
+	if big != nil {
+		// Too large to publish, so the frame filter read it through the
+		// MACs as it arrived rather than hold it: the same rule decides.
+		if reason, detail := d.verifier.judge(&big.check, lsn, d.xid); reason != "" {
+			return reject(reason, detail)
+		}
+		return Message{Kind: KindBad, Bad: big.bad()}, nil
 	}
 	fields, reason, detail := d.verifier.verify(w.content, lsn, d.xid)
 	if reason != "" {
@@ -276,16 +431,10 @@ func messageBad(lsn pglogrepl.LSN, fields []byte, ev *Event, headers []byte, rea
 func (d *Decoder) parseMessageFields(c []byte) (ev Event, headers []byte, bad string) {
 	var fields [3][]byte
 	for i := range fields {
-		colon := bytes.IndexByte(c, ':')
-		if colon < 1 || colon > 10 {
+		var ok bool
+		if fields[i], c, ok = nextField(c); !ok {
 			return ev, nil, "its fields do not parse: " + quote(c)
 		}
-		n, err := strconv.ParseUint(string(c[:colon]), 10, 31)
-		if err != nil || uint64(len(c)-colon-1) < n {
-			return ev, nil, "its fields do not parse: " + quote(c)
-		}
-		fields[i] = c[colon+1 : colon+1+int(n)]
-		c = c[colon+1+int(n):]
 	}
 	ev.Topic = string(fields[0])
 	ev.AggregateID = string(fields[1])
@@ -297,4 +446,82 @@ func (d *Decoder) parseMessageFields(c []byte) (ev Event, headers []byte, bad st
 		return ev, fields[2], "headers " + bad
 	}
 	return ev, fields[2], ""
+}
+
+// nextField splits a length-prefixed field (<n>:<n bytes>) off c.
+func nextField(c []byte) (field, rest []byte, ok bool) {
+	colon := bytes.IndexByte(c, ':')
+	if colon < 1 || colon > 10 {
+		return nil, c, false
+	}
+	n, err := strconv.ParseUint(string(c[:colon]), 10, 31)
+	if err != nil || uint64(len(c)-colon-1) < n {
+		return nil, c, false
+	}
+	return c[colon+1 : colon+1+int(n)], c[colon+1+int(n):], true
+}
+
+// streamedMessage is an outboxd message whose content was larger than can
+// be published (the producer's max message bytes), as the frame filter
+// read it: passed on with empty content, its content's check kept here
+// for the decoder.
+type streamedMessage struct {
+	lsn   pglogrepl.LSN
+	size  int64 // the content's length
+	limit int   // the max message bytes it exceeds
+	check contentCheck
+}
+
+// bad is the bad event of the authentic streamed message: its id and the
+// topic and key when they fit in the head held, never the payload (it was
+// not kept, and could not be published anyway).
+func (m *streamedMessage) bad() BadEvent {
+	id := strconv.FormatUint(uint64(m.lsn), 10)
+	b := BadEvent{ID: id, Reason: fmt.Sprintf("outbox_emit message id=%s: its content of %d bytes is larger than --kafka-max-message-bytes (%d)", id, m.size, m.limit)}
+	topic, rest, ok := nextField(m.check.head[m.check.fields:])
+	if !ok {
+		return b
+	}
+	b.Columns = append(b.Columns, ColumnText{Name: "topic", Value: bytes.Clone(topic)})
+	if key, _, ok := nextField(rest); ok {
+		b.Columns = append(b.Columns, ColumnText{Name: "key", Value: bytes.Clone(key)})
+	}
+	return b
+}
+
+// maxStreamed bounds the streamed messages waiting for the decoder: the
+// filter passes each on as it records it, and the reader between them
+// buffers few messages, so only a bug would fill it.
+const maxStreamed = 1024
+
+// streamedMessages hands the streamed messages from a connection's frame
+// filter (its reading goroutine) to the session's decoder, in stream order.
+type streamedMessages struct {
+	mu sync.Mutex
+	q  []streamedMessage
+}
+
+func (s *streamedMessages) push(m streamedMessage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.q) == maxStreamed {
+		s.q = s.q[1:]
+	}
+	s.q = append(s.q, m)
+}
+
+// take removes and returns the message at lsn (nil: none), with the ones
+// before it: a message with empty content at another LSN was sent so. No
+// two messages share an LSN, so nobody can claim another's check.
+func (s *streamedMessages) take(lsn pglogrepl.LSN) *streamedMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.q {
+		if s.q[i].lsn == lsn {
+			m := s.q[i]
+			s.q = s.q[i+1:]
+			return &m
+		}
+	}
+	return nil
 }

@@ -52,14 +52,16 @@ func Open(ctx context.Context, cfg StreamConfig, log *zap.Logger) (*Stream, erro
 	// SCRAM's channel binding.
 	foreign := newForeignLog(log, cfg.OnForeignMessage)
 	build := pcfg.BuildFrontend
+	var filter *frameFilter // the last connection attempt's: the one that connected
 	pcfg.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return build(newFrameFilter(r, MessagePrefix, foreign.note), w)
+		filter = newFrameFilter(r, MessagePrefix, foreign.note)
+		return build(filter, w)
 	}
 	conn, err := pgconn.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("replication: connect: %w", err)
 	}
-	s := &Stream{cfg: cfg, log: log, conn: conn} // startReplication makes the decoder
+	s := &Stream{cfg: cfg, log: log, conn: conn, filter: filter} // startReplication makes the decoder
 	sctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
 	defer cancel()
 	if err := s.startReplication(sctx); err != nil {
@@ -153,6 +155,12 @@ func (s *Stream) startReplication(ctx context.Context) error {
 	}
 	s.cfg.Decoder.MessageKey, s.cfg.Decoder.Messages = key, key != nil
 	s.dec = NewDecoder(s.cfg.Decoder)
+	if key != nil && s.cfg.MaxMessageBytes > 0 && s.filter != nil {
+		// The key is read on the connection the filter reads, so the
+		// filter learns it here, before the stream starts.
+		s.dec.streamed = &streamedMessages{}
+		s.filter.streamOwn(key, s.cfg.MaxMessageBytes, s.dec.streamed)
+	}
 	args := []string{"proto_version '1'", "publication_names " + pubLit}
 	if s.cfg.Decoder.Messages {
 		args = append(args, "messages 'true'")

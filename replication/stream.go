@@ -22,6 +22,7 @@ type Stream struct {
 	log    *zap.Logger
 	conn   *pgconn.PgConn
 	dec    *Decoder
+	filter *frameFilter // nil: none (tests)
 	start  pglogrepl.LSN
 	closed bool
 	system pglogrepl.IdentifySystemResult

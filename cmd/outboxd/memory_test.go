@@ -285,3 +285,104 @@ func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestRunOwnPrefixMessageDoesNotSizeMemory: a role with no grants emits a
+// message of 200 MB with outboxd's own prefix, shaped like outbox_emit's
+// but forged, and the trusted writer calls outbox_emit with a payload of
+// 200 MB, between outbox rows. Neither is held: outboxd's peak RSS stays
+// within the memory bound at a 16 MiB budget, every row arrives, the
+// forged one is counted as rejected (bad_mac) and the authentic one, too
+// large to publish, is dead-lettered with its topic and key and without
+// its payload. Before, both were read whole (the MAC covers the whole
+// content), so a stranger could make outboxd hold 1 GB.
+//
+// OUTBOXD_BENCH_STRANGER_BYTES sets the forged message's size and
+// OUTBOXD_BENCH_STRANGER_BUDGET the budget (make bench-stranger: 1 GB at
+// the Kubernetes manifest's 32 MiB, against its 256 MiB limit); the
+// authentic one stays at 200 MB, as jsonb holds at most 256 MB.
+func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
+	t.Parallel()
+	size, budget := int64(200_000_000), int64(16<<20)
+	if s := os.Getenv("OUTBOXD_BENCH_STRANGER_BYTES"); s != "" {
+		size, _ = strconv.ParseInt(s, 10, 64)
+	}
+	if s := os.Getenv("OUTBOXD_BENCH_STRANGER_BUDGET"); s != "" {
+		budget, _ = strconv.ParseInt(s, 10, 64)
+	}
+	const authentic = 200_000_000
+	e := newEnv(t, 1)
+	stranger := e.loginRole("stranger")
+	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
+	d := e.startNoRace("--max-in-flight-bytes", strconv.FormatInt(budget, 10), "--metrics-addr", "127.0.0.1:0", "--dead-letter-topic", dlq)
+	m := metricsAddrLog.FindStringSubmatch(d.out.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log:\n%s", d.out.String())
+	}
+	base := "http://" + m[1]
+	ctx := context.Background()
+	c := e.conn()
+	defer c.Close(ctx)
+	insert := `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int))`
+	if _, err := c.Exec(ctx, insert, e.topic, 1); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := pgx.Connect(ctx, stranger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close(ctx)
+	// repeat() runs in the server: the test process holds none of it.
+	if _, err := sc.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', 'v3:' || repeat('0', 64) || ':1:' || repeat('x', $1))`, size); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, insert, e.topic, 2); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, insert, e.topic, 3); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'big-key', jsonb_build_object('pad', repeat('y', $2)))`, e.topic, authentic); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, insert, e.topic, 4)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, insert, e.topic, 5); err != nil {
+		t.Fatal(err)
+	}
+	v, n := e.delivered(5 * time.Minute)
+	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 2*time.Minute)
+	peak := d.peakRSS()
+	bound := memBound(t, budget)
+	got := scrape(t, base)
+	t.Logf("own-prefix messages of %d MB (forged) and %d MB (outbox_emit) between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB; Kubernetes limit 256 MiB); %s; rejected bad_mac %v",
+		size/1_000_000, authentic/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got[`outboxd_rejected_messages_total{reason="bad_mac"}`])
+	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != 5 {
+		t.Fatalf("rows around the messages: %s (%d rows)", v, n)
+	}
+	if peak > bound {
+		t.Errorf("peak RSS %d MiB > 2 × budget + 24 MiB + the executable = %d MiB: an own-prefix message's content was held", peak>>20, bound>>20)
+	}
+	if os.Getenv("OUTBOXD_BENCH_STRANGER_BYTES") != "" && peak > 256<<20 {
+		t.Errorf("peak RSS %d MiB > 256 MiB, deploy/kubernetes' memory limit", peak>>20)
+	}
+	if r := got[`outboxd_rejected_messages_total{reason="bad_mac"}`]; r != 1 {
+		t.Errorf("outboxd_rejected_messages_total{reason=\"bad_mac\"} %v, want 1: the forged message", r)
+	}
+	if len(dead) != 1 {
+		t.Fatalf("dead-lettered %d records, want the authentic message", len(dead))
+	}
+	reason := header(dead[0], "dlq-error")
+	if !strings.Contains(reason, "larger than --kafka-max-message-bytes") || !strings.Contains(string(dead[0].Value), "big-key") ||
+		strings.Contains(string(dead[0].Value), "yyyy") || len(dead[0].Value) > 64<<10 {
+		t.Errorf("dead letter: reason %q, value of %d bytes %.200q; want the size named, the key kept, no payload", reason, len(dead[0].Value), dead[0].Value)
+	}
+	if d.exited() {
+		t.Fatalf("outboxd exited:\n%s", d.p.Tail(30))
+	}
+	d.stop()
+}
