@@ -57,7 +57,7 @@ sim:
 ## and deploy/ checked by promtool and kubernetes-validate (dev/stack
 ## deploy-check)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-SHELL_SCRIPTS := dev/stack examples/demo.sh .ci/run
+SHELL_SCRIPTS := dev/stack $(wildcard dev/stack.d/*.sh) dev/versions examples/demo.sh .ci/run
 lint:
 	$(STACK) lint-deps
 	$(GO) vet ./...
