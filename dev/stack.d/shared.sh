@@ -156,6 +156,20 @@ cmd_status() {
 	return 0
 }
 
+# cmd_with CMD [ARG...]: up, then CMD with .devstack.env's variables in its
+# environment, in place of this process (its exit status is ours). For
+# recipes that would otherwise source .devstack.env by hand after up.
+cmd_with() {
+	(($# > 0)) || die "usage: with CMD [ARG...]"
+	cmd_up
+	exec 8>&- # CMD may run for long: it must not hold the stack lock (lock_stack)
+	set -a
+	# shellcheck source=/dev/null # written by cmd_up
+	source "$ENV_FILE"
+	set +a
+	exec "$@"
+}
+
 cmd_deps() {
 	cmd_lint_deps
 	ensure_postgres
