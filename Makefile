@@ -57,7 +57,7 @@ sim:
 ## and deploy/ checked by promtool and kubernetes-validate (dev/stack
 ## deploy-check)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
-SHELL_SCRIPTS := dev/stack examples/demo.sh .ci/run
+SHELL_SCRIPTS := dev/stack $(wildcard dev/stack.d/*.sh) dev/versions examples/demo.sh .ci/run
 lint:
 	$(STACK) lint-deps
 	$(GO) vet ./...
@@ -154,9 +154,7 @@ e2e-pg17:
 test-pg14 test-pg16 test-pg17: deps
 	@set -euo pipefail; \
 	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
-	$(STACK) up; \
-	set -a; source ./.devstack.env; set +a; \
-	OUTBOXD_TEST_PG_VERSION=$(@:test-pg%=%) $(GO) test -race -count=1 -timeout 15m \
+	$(STACK) with env OUTBOXD_TEST_PG_VERSION=$(@:test-pg%=%) $(GO) test -race -count=1 -timeout 15m \
 		-run '^(TestRunOnPostgresVersion|TestFailover.*)$$' -v ./cmd/outboxd/
 
 ## ---- The demo (README.md, "The demo"): examples/demo.sh does each step on
@@ -289,9 +287,7 @@ bench-network: deps
 bench-quick: deps
 	@set -euo pipefail; \
 	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
-	$(STACK) up; \
-	set -a; source ./.devstack.env; set +a; \
-	CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -C bench -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./...
+	$(STACK) with env CI=true BENCH_OUT=$(CURDIR)/bin/bench-quick $(GO) test -C bench -count=1 -timeout 10m -run '^TestQuickBenchmark$$' -v ./...
 
 ## bench-chart: draw a chart again from a report's JSON, without running the
 ## benchmark: CHART=bench/results/results.json (the default) redraws

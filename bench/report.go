@@ -78,7 +78,7 @@ func machineInfo(ctx context.Context, s stack) machine {
 		m.Kernel = strings.TrimSpace(string(b))
 	}
 	if root, err := repoRoot(); err == nil {
-		if b, err := os.ReadFile(filepath.Join(root, "dev", "stack")); err == nil {
+		if b, err := os.ReadFile(filepath.Join(root, "dev", "versions")); err == nil {
 			if sm := regexp.MustCompile(`(?m)^KAFKA_VERSION=(\S+)`).FindSubmatch(b); sm != nil {
 				m.Kafka = "Kafka " + string(sm[1]) + " (KRaft, one broker, dev/stack), " + m.Kafka
 			}
