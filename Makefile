@@ -212,7 +212,7 @@ bench: deps
 	$(BUILD_BENCH); \
 	$(BENCH) -outboxd bin/outboxd -out bench/results
 
-## bench-memory: README's memory table (issue 21): peak RSS of outboxd for
+## bench-memory: README's memory table: peak RSS of outboxd for
 ## events of 200 B to 900 KB, Kafka up and stopped 60 s, default and 16 MiB
 ## budgets (~15 min; needs the dev stack's .devstack.env):
 ## bench/results/memory.txt.
@@ -258,7 +258,7 @@ bench-sustained: deps
 	$(BUILD_BENCH); \
 	$(BENCH) -outboxd bin/outboxd -only sustained -out bin/bench-sustained
 
-## bench-network: issue 26's matrix (~14 min on a quiet machine): the latency cells, a hot
+## bench-network: the network matrix (~14 min on a quiet machine): the latency cells, a hot
 ## aggregate and the 1,000,000-row drain at RTT 0, 1 and 5 ms between the
 ## publishers and a broker of its own (bin/bench-network/kafka) that
 ## advertises a proxy (dev/stack proxy-start, internal/netproxy); PostgreSQL
