@@ -45,13 +45,16 @@ type Sizes struct {
 	// then one transaction of 1,000 to BigTxn rows: both drawn last.
 	BadRows bool
 	BigTxn  int
-	// Grow adds partitions to Topic in one seed in four, drawn last.
-	Grow bool
+	// Grow adds partitions to Topic in one seed in four, and EpochBumps
+	// answers an exactly-once request with INVALID_PRODUCER_EPOCH in one in
+	// four: drawn last.
+	Grow       bool
+	EpochBumps bool
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true, EpochBumps: true}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -268,9 +271,16 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 	if sz.Grow && r.IntN(4) == 0 {
 		p.Kafka = append(p.Kafka, KafkaFault{At: r.IntN(len(p.Bursts)), GrowTo: sz.Partitions + 1 + r.Int32N(3)})
 	}
+	// The coordinator bumped the producer's epoch (as it does when it
+	// aborts a transaction past its timeout): the open Kafka transaction
+	// is gone, and the session must restart without losing or doubling a
+	// PostgreSQL transaction.
+	if sz.EpochBumps && txnal && r.IntN(4) == 0 {
+		keys := []kmsg.Key{kmsg.Produce, kmsg.AddPartitionsToTxn, kmsg.EndTxn}
+		p.Kafka = append(p.Kafka, KafkaFault{At: r.IntN(len(p.Bursts)), Key: keys[r.IntN(len(keys))], Err: kerr.InvalidProducerEpoch, Count: 1})
+	}
 	return p
 }
-
 
 // addBadRows puts a bad event into about one transaction in ten: a row
 // whose topic is NULL (no default topic is set) or an outbox_emit message
