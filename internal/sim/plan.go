@@ -50,11 +50,16 @@ type Sizes struct {
 	// four: drawn last.
 	Grow       bool
 	EpochBumps bool
+	// Standby runs a second instance beside the first in one seed in
+	// three (drawn last): it waits for the slot, takes over when a
+	// connection drop frees it, and the two fence each other as two
+	// outboxd processes of one deployment do.
+	Standby bool
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true, EpochBumps: true}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true, EpochBumps: true, Standby: true}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -70,6 +75,8 @@ type Plan struct {
 	// past the end have none.
 	Conn  []ConnFault
 	Kafka []KafkaFault
+	// Instances is how many outboxd processes run (1, or 2 with a standby).
+	Instances int
 }
 
 // KafkaFault is a broker fault installed when burst At starts.
@@ -278,6 +285,10 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 	if sz.EpochBumps && txnal && r.IntN(4) == 0 {
 		keys := []kmsg.Key{kmsg.Produce, kmsg.AddPartitionsToTxn, kmsg.EndTxn}
 		p.Kafka = append(p.Kafka, KafkaFault{At: r.IntN(len(p.Bursts)), Key: keys[r.IntN(len(keys))], Err: kerr.InvalidProducerEpoch, Count: 1})
+	}
+	p.Instances = 1
+	if sz.Standby && r.IntN(3) == 0 {
+		p.Instances = 2
 	}
 	return p
 }

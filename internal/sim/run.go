@@ -48,6 +48,9 @@ type Report struct {
 	Records  int // event records a read_committed reader saw
 	// DeadLettered is the records of the dead-letter topic it saw.
 	DeadLettered int
+	// Instances is how many outboxd processes ran, Fenced how often one
+	// was fenced by the other and started again.
+	Instances, Fenced int
 	Connections  int
 	Confirmed    string // the slot's final confirmed position
 	WALEnd       string
@@ -99,13 +102,21 @@ func Run(opts Options) *Report {
 	}
 	defer ws.Close()
 
-	svc := publisher.NewKafkaService(serviceConfig(opts.Delivery), publisher.Wiring{
-		Stream: streamConfig(ws.ConnString()), Kafka: kafkaConfig(brokers),
-	}, opts.Log, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- svc.Run(ctx) }()
+	runErr := make(chan error, plan.Instances)
+	var fenced atomic.Int64
+	// runErr holds every instance's result, so none blocks on it: the
+	// stop below waits for them, bounded.
+	for i := range plan.Instances {
+		log := opts.Log
+		if plan.Instances > 1 {
+			log = log.Named(fmt.Sprintf("instance-%d", i))
+		}
+		go func() {
+			runErr <- runInstance(ctx, opts.Delivery, ws.ConnString(), brokers, log, &fenced)
+		}()
+	}
 
 	// The workload, burst by burst, with the broker faults of each burst.
 	var kfaults []*injected
@@ -148,22 +159,29 @@ func Run(opts Options) *Report {
 		ws.note("kafka: %s: answered %d", in.f, in.hits())
 	}
 	cancel()
-	if !ended {
+	left := plan.Instances
+	if ended {
+		left-- // its Run returned already
+	}
+	stopBy := time.After(15 * time.Second)
+	for ; left > 0; left-- {
 		select {
 		case err := <-runErr:
 			if err != nil {
 				fail("the service's Run returned %v after a stop, want nil", err)
 			}
-		case <-time.After(15 * time.Second):
+		case <-stopBy:
 			fail("progress: the service did not stop within 15 s of its context's cancellation")
 			if rep.Goroutines == "" {
 				rep.Goroutines = goroutines()
 			}
+			left = 0
 		}
 	}
 	confirmed, _ := ws.Confirmed()
 	rep.Confirmed, rep.WALEnd = confirmed.String(), ws.WALEnd().String()
 	rep.Connections = ws.Connections()
+	rep.Instances, rep.Fenced = plan.Instances, int(fenced.Load())
 	rep.Fired = ws.Fired()
 	rep.Ended = ws.Ended()
 	for _, p := range ws.Problems() {
@@ -192,6 +210,29 @@ func Run(opts Options) *Report {
 }
 
 var errServiceEnded = errors.New("the service stopped on its own")
+
+// runInstance runs one outboxd process until ctx ends. A process fenced by
+// a newer producer of the same slot (the other instance took over in
+// exactly-once mode) exits, and its supervisor (systemd, Kubernetes)
+// starts it again, as a standby: so here. Any other return is what Run
+// returned.
+func runInstance(ctx context.Context, delivery, connString string, brokers []string, log *zap.Logger, fenced *atomic.Int64) error {
+	for {
+		svc := publisher.NewKafkaService(serviceConfig(delivery), publisher.Wiring{
+			Stream: streamConfig(connString), Kafka: kafkaConfig(brokers),
+		}, log, nil)
+		err := svc.Run(ctx)
+		if !errors.Is(err, kafka.ErrFenced) || ctx.Err() != nil {
+			return err
+		}
+		fenced.Add(1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(20 * time.Millisecond): // the supervisor's restart delay
+		}
+	}
+}
 
 // settle waits until the slot confirmed the WAL's end, at most d.
 func settle(ws *Walsender, runErr <-chan error, d time.Duration) error {

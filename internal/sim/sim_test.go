@@ -82,8 +82,8 @@ func runSeed(t *testing.T, seed uint64, mu *sync.Mutex, failed *[]string) {
 		*failed = append(*failed, fmt.Sprintf("seed %d (%s): %s", seed, rep.Delivery, rep.Violations[0]))
 		mu.Unlock()
 	}
-	t.Logf("%s: %d txns, %d events, %d records read, %d dead-lettered, %d connections, confirmed %s of %s, %s",
-		rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.DeadLettered, rep.Connections, rep.Confirmed, rep.WALEnd, rep.Took)
+	t.Logf("%s: %d txns, %d events, %d records read, %d dead-lettered, %d connections, %d instances (fenced %d×), confirmed %s of %s, %s",
+		rep.Delivery, rep.Txns, rep.Events, rep.Records, rep.DeadLettered, rep.Connections, rep.Instances, rep.Fenced, rep.Confirmed, rep.WALEnd, rep.Took)
 	if !rep.Failed() && !*verbose {
 		return
 	}
