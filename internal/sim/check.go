@@ -179,7 +179,7 @@ func compareBool(a, b bool) int {
 }
 
 var kindNames = [...]string{RowInsert: "insert", RowEmit: "outbox_emit", RowForged: "forged", RowReplayed: "replayed", RowForeign: "foreign",
-	RowBadTopic: "bad insert (NULL topic)", RowBadEmit: "bad outbox_emit (reserved header)"}
+	RowBadTopic: "bad insert (NULL topic)", RowBadEmit: "bad outbox_emit (reserved header)", RowBigEmit: "outbox_emit too large to publish"}
 
 func list(items []string) string {
 	if len(items) > maxListed {

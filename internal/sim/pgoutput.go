@@ -145,7 +145,7 @@ func emitContent(r Row, xid uint64, key []byte) []byte {
 func encodeMessage(lsn pglogrepl.LSN, r Row, xid uint32) []byte {
 	prefix, content := replication.MessagePrefix, []byte(nil)
 	switch r.Kind {
-	case RowEmit, RowBadEmit:
+	case RowEmit, RowBadEmit, RowBigEmit:
 		content = emitContent(r, uint64(xid), emitKey)
 	case RowForged:
 		content = emitContent(r, uint64(xid), forgerKey)

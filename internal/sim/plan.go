@@ -55,11 +55,16 @@ type Sizes struct {
 	// connection drop frees it, and the two fence each other as two
 	// outboxd processes of one deployment do.
 	Standby bool
+	// BigMessages puts, in one seed in four, an outboxd message larger
+	// than a record may be (1.2 MB, over the producer's 1 MiB max message
+	// bytes and the filter's slack) into a transaction: authentic (a bad
+	// event) or forged (rejected). Drawn last.
+	BigMessages bool
 }
 
 // DefaultSizes are TestSim's: a run takes a few seconds with -race.
 func DefaultSizes() Sizes {
-	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true, EpochBumps: true, Standby: true}
+	return Sizes{Txns: 60, MaxRows: 5, Keys: 5, Bursts: 8, ConnFaults: 6, KafkaFaults: 4, MoreKafkaFaults: 2, Partitions: 3, Messages: true, Brokers: 3, Moves: 2, BadRows: true, BigTxn: 10000, Grow: true, EpochBumps: true, Standby: true, BigMessages: true}
 }
 
 // Plan is what one seed decides: the workload and the fault schedule.
@@ -289,6 +294,15 @@ func NewPlan(seed uint64, sz Sizes, delivery string) *Plan {
 	p.Instances = 1
 	if sz.Standby && r.IntN(3) == 0 {
 		p.Instances = 2
+	}
+	if sz.BigMessages && r.IntN(4) == 0 {
+		i := r.IntN(len(p.Txns))
+		m := Row{Kind: RowBigEmit, Key: fmt.Sprintf("agg-%d", r.IntN(sz.Keys)), Topic: Topic}
+		if r.IntN(2) == 0 {
+			m.Kind = RowForged
+		}
+		m.Payload = fmt.Sprintf(`{"big": %d, "pad": "%s"}`, i, strings.Repeat("z", 1_200_000))
+		p.Txns[i] = slices.Insert(p.Txns[i], r.IntN(len(p.Txns[i])+1), m)
 	}
 	return p
 }

@@ -51,12 +51,12 @@ type Report struct {
 	// Instances is how many outboxd processes ran, Fenced how often one
 	// was fenced by the other and started again.
 	Instances, Fenced int
-	Connections  int
-	Confirmed    string // the slot's final confirmed position
-	WALEnd       string
-	Fired        []string // the faults that happened
-	Ended        []string // how each walsender connection ended
-	Violations   []string
+	Connections       int
+	Confirmed         string // the slot's final confirmed position
+	WALEnd            string
+	Fired             []string // the faults that happened
+	Ended             []string // how each walsender connection ended
+	Violations        []string
 	// Goroutines is a dump of every goroutine when the run did not
 	// finish in time.
 	Goroutines string

@@ -44,13 +44,17 @@ const (
 	// of them, so they go to the dead-letter topic.
 	RowBadTopic // an INSERT whose topic is NULL, with no default topic
 	RowBadEmit  // outbox_emit's message whose headers set outbox-id, a header outboxd sets
+	// RowBigEmit is outbox_emit's message too large to become a record:
+	// the frame filter reads it through its MAC check without holding it,
+	// and it is a bad event.
+	RowBigEmit
 )
 
 // Event reports whether the row is an event outboxd must publish.
 func (r Row) Event() bool { return r.Kind == RowInsert || r.Kind == RowEmit }
 
 // Bad reports whether the row is a bad event: dead-lettered, not published.
-func (r Row) Bad() bool { return r.Kind == RowBadTopic || r.Kind == RowBadEmit }
+func (r Row) Bad() bool { return r.Kind == RowBadTopic || r.Kind == RowBadEmit || r.Kind == RowBigEmit }
 
 // message reports whether the row is a logical decoding message.
 func (r Row) message() bool { return r.Kind != RowInsert && r.Kind != RowBadTopic }
