@@ -127,15 +127,7 @@ func referenceFilterOwn(in []byte, own string, over int64, k *MessageKey) (out [
 // wholeCheck is what verify reads from the whole content c under the keys
 // of k, its head cut to what a contentStream holds.
 func wholeCheck(c []byte, k *MessageKey) contentCheck {
-	v := newMessageVerifier(k)
-	if macSigned(c) {
-		for _, m := range v.macs {
-			m.Reset()
-			m.Write(c[:len(messageV3)])
-			m.Write(c[signedOff:])
-		}
-	}
-	chk := readCheck(c, v.macs, &v.sum, &v.hex)
+	chk := newMessageVerifier(k).check(c)
 	chk.head = bytes.Clone(chk.head[:min(len(chk.head), contentHeadMax)])
 	return chk
 }

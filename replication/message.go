@@ -217,6 +217,19 @@ func readCheck(head []byte, macs []hash.Hash, sum *[]byte, hexBuf *[macHexLen]by
 // first ':' after the MAC (when xidEnd).
 func (c *contentCheck) xidText() []byte { return c.head[signedOff : c.fields-1] }
 
+// check reads what judge needs from the whole content c: its MACs computed
+// over c at once (a contentStream computes them as c arrives).
+func (v *messageVerifier) check(c []byte) contentCheck {
+	if macSigned(c) {
+		for _, m := range v.macs {
+			m.Reset()
+			m.Write(c[:len(messageV3)])
+			m.Write(c[signedOff:])
+		}
+	}
+	return readCheck(c, v.macs, &v.sum, &v.hex)
+}
+
 // verify checks content c of the message at lsn, written in the
 // transaction whose (32-bit) id is xid, and returns its fields (what
 // follows the MAC and xid, or v1's "v1:") when it is authentic; otherwise
@@ -226,14 +239,7 @@ func (v *messageVerifier) verify(c []byte, lsn pglogrepl.LSN, xid uint32) (field
 		reason, detail = v.judge(nil, lsn, xid)
 		return nil, reason, detail
 	}
-	if macSigned(c) {
-		for _, m := range v.macs {
-			m.Reset()
-			m.Write(c[:len(messageV3)])
-			m.Write(c[signedOff:])
-		}
-	}
-	chk := readCheck(c, v.macs, &v.sum, &v.hex)
+	chk := v.check(c)
 	if reason, detail = v.judge(&chk, lsn, xid); reason != "" {
 		return nil, reason, detail
 	}
