@@ -24,7 +24,8 @@
 --                             table
 --   run --retention D,        DELETE, and SELECT (id, created_at) on the table
 --   prune --older-than D      (the DELETE's WHERE reads them); with
---                             --source=poll also SELECT (published_at)
+--                             --source=poll also SELECT (published_at), which
+--                             the polling source's grant includes
 --   run --source=poll         SELECT, UPDATE (published_at) on the table; no
 --                             REPLICATION, no publication
 --   replay                    SELECT on the table (the columns it maps);

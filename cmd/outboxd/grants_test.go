@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -114,7 +115,11 @@ func wantDenied(t *testing.T, what string, code int, out, want string) {
 // TestRunAsLeastPrivilegeRole) and migrate (the owner's) as the role of
 // deploy/least-privilege.sql with exactly the optional grants the file marks
 // for it: it must succeed; and, where the file marks any, the role without
-// them must fail, saying what it was denied.
+// them must fail, saying what it was denied: the one-shot commands exit 1
+// with it as their last line, run logs it and retries (a prune that failed
+// never stops the publisher; the poller restarts on any PostgreSQL error).
+// A line of another command must not make a case pass: each case gets only
+// its own.
 func TestCommandsAsLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
 	grants := fileGrants(t)
@@ -150,7 +155,7 @@ func TestCommandsAsLeastPrivilegeRole(t *testing.T) {
 			d.stop()
 			l.grant("run --retention")
 			d = startDaemon(t, args...)
-			d.waitLog(`retention: deleted old outbox rows	{"rows": 5`, 60*time.Second)
+			d.waitLog(`retention: deleted old outbox rows	{"rows": 5`, 30*time.Second)
 			d.stop()
 		}},
 		{"run --source=poll", []string{"run --source=poll"}, func(t *testing.T, l *lpEnv) {
@@ -170,6 +175,39 @@ func TestCommandsAsLeastPrivilegeRole(t *testing.T) {
 			d = startDaemon(t, args...)
 			if v := verify(t, want, consume(t, l.brokers, l.topic, want, time.Minute)); v != (verdict{}) {
 				t.Fatalf("run --source=poll with its grants: %s", v)
+			}
+			d.stop()
+		}},
+		{"run --source=poll --retention", []string{"run --source=poll", "run --retention"}, func(t *testing.T, l *lpEnv) {
+			// The polling source prunes only rows it published: the
+			// DELETE also reads published_at, which the poller's SELECT
+			// grant covers.
+			migrateForPoll(t, l.dsn)
+			l.insert(10, 2*time.Hour)
+			want := l.rows()
+			l.grant("run --source=poll")
+			l.grant("run --retention")
+			d := startDaemon(t, l.as().args("--source=poll", "--poll-interval=20ms", "--retention", "1h", "--retention-interval", "200ms")...)
+			if v := verify(t, want, consume(t, l.brokers, l.topic, want, time.Minute)); v != (verdict{}) {
+				t.Fatalf("run --source=poll --retention: %s", v)
+			}
+			c := l.conn()
+			defer c.Close(context.Background())
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				var n int
+				if err := c.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("run --source=poll --retention: %d published rows older than 1h left after 30s\n%s", n, d.out)
+				}
+				time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
+			}
+			if strings.Contains(d.out.String(), "retention: prune failed") {
+				t.Fatalf("run --source=poll --retention: a prune failed:\n%s", d.out)
 			}
 			d.stop()
 		}},
@@ -205,17 +243,20 @@ func TestCommandsAsLeastPrivilegeRole(t *testing.T) {
 		}},
 		{"audit", []string{"audit"}, func(t *testing.T, l *lpEnv) {
 			l.insert(20, 0)
-			// Published by the owner: the audit compares them.
-			if code, out := runOnce(t, append([]string{"replay"}, l.args("--from-id", "1")[1:]...)...); code != 0 {
+			// Half published by the owner, half missing: --repair
+			// republishes those through replay's path, then audits again.
+			if code, out := runOnce(t, append([]string{"replay"}, l.args("--from-id", "1", "--to-id", "10")[1:]...)...); code != 0 {
 				t.Fatalf("replay as the owner: exit %d\n%s", code, out)
 			}
 			args := []string{"audit", "--pg-dsn", l.as().dsn, "--kafka-brokers", brokers,
-				"--slot", l.slot, "--publication", l.slot, "--stable-timeout", "10s", "--from-id", "1"}
+				"--slot", l.slot, "--publication", l.slot, "--stable-timeout", "10s", "--from-id", "1", "--repair"}
 			code, out := l.run(args...)
 			wantDenied(t, "audit", code, out, "outboxd: audit: read the ids of public.outbox: "+denied)
 			l.grant("audit")
-			if code, out := l.run(args...); code != 0 || !strings.Contains(out, "clean: every row in range") {
-				t.Fatalf("audit with its grants: exit %d\n%s", code, out)
+			code, out = l.run(args...)
+			if code != 0 || !strings.Contains(out, "audit: republished 10 missing rows; auditing again") ||
+				!strings.Contains(out, "clean: every row in range") {
+				t.Fatalf("audit --repair with its grants: exit %d\n%s", code, out)
 			}
 		}},
 		{"checkpoint reset", []string{"checkpoint reset"}, func(t *testing.T, l *lpEnv) {
@@ -273,8 +314,6 @@ func TestCommandsAsLeastPrivilegeRole(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			l := newLPEnv(t, grants)
-			// Only the case's own grants: a line for another command must
-			// not make it pass.
 			l.grants = map[string][]string{}
 			for _, g := range c.grants {
 				l.grants[g] = grants[g]
