@@ -24,7 +24,8 @@
 --                             table
 --   run --retention D,        DELETE, and SELECT (id, created_at) on the table
 --   prune --older-than D      (the DELETE's WHERE reads them); with
---                             --source=poll also SELECT (published_at)
+--                             --source=poll also SELECT (published_at), which
+--                             the polling source's grant includes
 --   run --source=poll         SELECT, UPDATE (published_at) on the table; no
 --                             REPLICATION, no publication
 --   replay                    SELECT on the table (the columns it maps);
@@ -34,6 +35,10 @@
 --                             server's WAL history); UPDATE on the id column's
 --                             sequence (setval) and SELECT or USAGE on it
 --                             (pg_sequence_last_value)
+--   audit                     SELECT on the table (the columns it compares);
+--                             --repair: the same (it republishes as replay)
+--   status                    nothing more (the catalogs and the slot's row
+--                             are readable by all)
 --   migrate                   ownership: it creates and alters the outbox
 --                             table, outbox_emit_key and the outbox_emit
 --                             functions; run it as the schema's and tables'
@@ -90,21 +95,28 @@ COMMIT;
 
 -- Optional grants, one block per command (see the table at the top). They
 -- are commented out because each widens what a leaked outboxd credential can
--- do to the outbox: a role that only runs needs none of them.
+-- do to the outbox: a role that only runs needs none of them. Each ends with
+-- the commands it serves ("-- for: ..."); uncommented, that is a comment
+-- still. The end-to-end tests grant exactly the lines of a command, from this
+-- file, and run that command as the role.
 --
 -- The polling source (outboxd run --source=poll) reads and marks rows instead
 -- of decoding WAL; it needs neither REPLICATION nor the publication, but:
---   GRANT SELECT, UPDATE (published_at) ON :"schema".:"table" TO :"role";
+--   GRANT SELECT, UPDATE (published_at) ON :"schema".:"table" TO :"role"; -- for: run --source=poll
 --
 -- run --retention / prune (add published_at with --source=poll):
---   GRANT SELECT (id, created_at), DELETE ON :"schema".:"table" TO :"role";
+--   GRANT SELECT (id, created_at), DELETE ON :"schema".:"table" TO :"role"; -- for: run --retention, prune
 --
--- replay (every column, since which ones it reads depends on the mapping):
---   GRANT SELECT ON :"schema".:"table" TO :"role";
+-- replay and audit (every column, since which ones they read depends on the
+-- mapping; audit --repair republishes through replay's path):
+--   GRANT SELECT ON :"schema".:"table" TO :"role"; -- for: replay, audit
 --
 -- checkpoint reset: the id column's sequence, whose name
 -- SELECT pg_get_serial_sequence('schema.table', 'id') gives (outbox_id_seq
 -- for the table of migration 001):
---   GRANT SELECT, UPDATE ON SEQUENCE :"schema".outbox_id_seq TO :"role";
+--   GRANT SELECT, UPDATE ON SEQUENCE :"schema".outbox_id_seq TO :"role"; -- for: checkpoint reset
+--
+-- status: no grant (it reads the catalogs, the slot's row and, with
+-- --kafka-brokers, the checkpoint topic).
 --
 -- migrate: no grant; run it as the owner of the schema and the tables.
