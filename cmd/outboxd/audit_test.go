@@ -18,11 +18,11 @@ import (
 
 // runAudit runs "outboxd audit" with args and returns its exit code and
 // stdout.
-func (e *env) runAudit(args ...string) (int, string) {
-	e.t.Helper()
-	a := append([]string{"audit", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
-		"--slot", e.slot, "--publication", e.slot, "--stable-timeout", "30s"}, args...)
-	cmd := exec.Command(binPath, a...)
+func (e *Env) runAudit(args ...string) (int, string) {
+	e.T.Helper()
+	a := append([]string{"audit", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","),
+		"--slot", e.Slot, "--publication", e.Slot, "--stable-timeout", "30s"}, args...)
+	cmd := exec.Command(BinPath, a...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -32,9 +32,9 @@ func (e *env) runAudit(args ...string) (int, string) {
 	if errors.As(err, &ee) {
 		code = ee.ExitCode()
 	} else if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	e.t.Logf("outboxd %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errb.String())
+	e.T.Logf("outboxd %s: exit %d\n%s%s", strings.Join(args, " "), code, out.String(), errb.String())
 	return code, out.String()
 }
 
@@ -46,14 +46,14 @@ func (e *env) runAudit(args ...string) (int, string) {
 // those, after which the audit is clean again. A range that is not one is a
 // usage error (exit 2).
 func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
-	e := newEnv(t, 2)
-	d := e.start()
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
+	e := NewEnv(t, 2)
+	d := e.Start()
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
 		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('n', i),
 		       CASE WHEN i % 3 = 0 THEN jsonb_build_object('traceparent', 'tp-' || i) END
-		  FROM generate_series(1, 200) AS i ORDER BY i`, e.topic)
-	e.waitConfirmed(60 * time.Second)
-	d.stop()
+		  FROM generate_series(1, 200) AS i ORDER BY i`, e.Topic)
+	e.WaitConfirmed(60 * time.Second)
+	d.Stop()
 
 	if code, out := e.runAudit("--from-id", "1"); code != 0 || !strings.Contains(out, "clean: every row in range") {
 		t.Fatalf("after run: exit %d, want 0 and clean", code)
@@ -66,9 +66,9 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 
 	// Rows no outboxd published: the slot is moved past them, as after a
 	// lost slot recreated.
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
-		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('late', i), jsonb_build_object('traceparent', 'late-' || i) FROM generate_series(1, 5) AS i`, e.topic)
-	e.exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.slot)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
+		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('late', i), jsonb_build_object('traceparent', 'late-' || i) FROM generate_series(1, 5) AS i`, e.Topic)
+	e.Exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.Slot)
 	if code, out := e.runAudit("--from-id", "1"); code != 1 || !strings.Contains(out, "missing: ids 201, 202, 203, 204, 205") {
 		t.Fatalf("missing: exit %d, want 1 naming ids 201-205", code)
 	}
@@ -91,16 +91,16 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 // the timeout while no outboxd runs, and an error for a slot that does not
 // exist.
 func TestAuditPublishFence(t *testing.T) {
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	addr := closedPort(t)
-	d := e.start("--metrics-addr", addr)
+	d := e.Start("--metrics-addr", addr)
 	ctx := context.Background()
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(ctx)
 	fence := func(timeout string) (bool, error) {
-		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.topic)
+		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.Topic)
 		var ok bool
-		err := c.QueryRow(ctx, `SELECT outbox_wait_published(pg_current_wal_lsn(), $1::interval, $2)`, timeout, e.slot).Scan(&ok)
+		err := c.QueryRow(ctx, `SELECT outbox_wait_published(pg_current_wal_lsn(), $1::interval, $2)`, timeout, e.Slot).Scan(&ok)
 		return ok, err
 	}
 	if ok, err := fence("60 seconds"); err != nil || !ok {
@@ -108,7 +108,7 @@ func TestAuditPublishFence(t *testing.T) {
 	}
 	// The same fence over HTTP, for a second event: 200, and then the
 	// audit finds both in Kafka.
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.topic)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.Topic)
 	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != http.StatusOK || !strings.Contains(body, "published: confirmed") {
 		t.Fatalf("GET /published with outboxd running: %d %q, want 200", code, body)
 	}
@@ -121,7 +121,7 @@ func TestAuditPublishFence(t *testing.T) {
 	if code, body := httpFence(t, addr, "nonsense", "1s"); code != http.StatusBadRequest {
 		t.Errorf("GET /published?lsn=nonsense: %d %q, want 400", code, body)
 	}
-	d.stop()
+	d.Stop()
 	start := time.Now()
 	if ok, err := fence("300 milliseconds"); err != nil || ok {
 		t.Fatalf("with outboxd stopped: %v, %v; want false", ok, err)
@@ -150,13 +150,13 @@ func httpFence(t *testing.T, addr, lsn, timeout string) (int, string) {
 }
 
 // walLSN is the server's WAL position now, read after a commit.
-func (e *env) walLSN() string {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) walLSN() string {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var lsn string
 	if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return lsn
 }
@@ -165,22 +165,22 @@ func (e *env) walLSN() string {
 // transactions (control batches between them, the checkpoint inside) audit
 // clean, and a publish fence on that run answers once they are committed.
 func TestAuditExactlyOnceRunIsClean(t *testing.T) {
-	e := newEnv(t, 3)
+	e := NewEnv(t, 3)
 	addr := closedPort(t)
-	d := e.start("--delivery", "exactly-once", "--metrics-addr", addr)
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
-		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.topic)
-	c := e.conn()
+	d := e.Start("--delivery", "exactly-once", "--metrics-addr", addr)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.Topic)
+	c := e.Conn()
 	defer c.Close(context.Background())
 	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != http.StatusOK {
 		t.Fatalf("GET /published: %d %q, want 200", code, body)
 	}
 	var ok bool
-	if err := c.QueryRow(context.Background(), `SELECT outbox_wait_published(pg_current_wal_lsn(), '60 seconds', $1)`, e.slot).Scan(&ok); err != nil || !ok {
+	if err := c.QueryRow(context.Background(), `SELECT outbox_wait_published(pg_current_wal_lsn(), '60 seconds', $1)`, e.Slot).Scan(&ok); err != nil || !ok {
 		t.Fatalf("fence: %v, %v; want true", ok, err)
 	}
 	if code, out := e.runAudit("--from-id", "1", "--delivery", "exactly-once"); code != 0 || !strings.Contains(out, "clean: every row in range") {
 		t.Fatalf("exactly-once: exit %d, want 0 and clean", code)
 	}
-	d.stop()
+	d.Stop()
 }

@@ -15,10 +15,10 @@ import (
 // metrics and a log line with the command that shows and repairs them.
 func TestRunContinuousAudit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	addr := closedPort(t)
-	d := e.start("--metrics-addr", addr, "--audit-interval", "500ms", "--audit-delay", "1s")
-	defer d.stop()
+	d := e.Start("--metrics-addr", addr, "--audit-interval", "500ms", "--audit-delay", "1s")
+	defer d.Stop()
 	base := "http://" + addr
 	until := func(what string, ok func(m map[string]float64) bool) map[string]float64 {
 		t.Helper()
@@ -28,28 +28,28 @@ func TestRunContinuousAudit(t *testing.T) {
 			if ok(m) {
 				return m
 			}
-			if time.Now().After(deadline) || d.exited() {
-				t.Fatalf("%s: not within 90 s (exited: %v); metrics: runs clean %v verdict %v skipped %v error %v, rows %v, missing %v\n%s", what, d.exited(),
+			if time.Now().After(deadline) || d.Exited() {
+				t.Fatalf("%s: not within 90 s (exited: %v); metrics: runs clean %v verdict %v skipped %v error %v, rows %v, missing %v\n%s", what, d.Exited(),
 					m[`outboxd_audit_runs_total{result="clean"}`], m[`outboxd_audit_runs_total{result="verdict"}`],
 					m[`outboxd_audit_runs_total{result="skipped"}`], m[`outboxd_audit_runs_total{result="error"}`],
-					m["outboxd_audit_rows_total"], m[`outboxd_audit_verdicts_total{verdict="missing"}`], d.out.String())
+					m["outboxd_audit_rows_total"], m[`outboxd_audit_verdicts_total{verdict="missing"}`], d.Out.String())
 			}
 			time.Sleep(100 * time.Millisecond) // polling the metrics with a deadline
 		}
 	}
 
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a' || (i % 3), $1, jsonb_build_object('i', i) FROM generate_series(1, 20) i`, e.topic)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'a' || (i % 3), $1, jsonb_build_object('i', i) FROM generate_series(1, 20) i`, e.Topic)
 	until("20 rows audited clean", func(m map[string]float64) bool {
 		return m["outboxd_audit_rows_total"] >= 20 && m[`outboxd_audit_runs_total{result="clean"}`] >= 1
 	})
 
 	// Rows created 3 s ahead: published now, audited by a later window.
 	// Their records are then deleted from Kafka.
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, created_at) SELECT 'b', $1, jsonb_build_object('i', i), now() + interval '3 seconds' FROM generate_series(1, 5) i`, e.topic)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, created_at) SELECT 'b', $1, jsonb_build_object('i', i), now() + interval '3 seconds' FROM generate_series(1, 5) i`, e.Topic)
 	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != 200 {
 		t.Fatalf("fence before the deletion: %d %q", code, body)
 	}
-	deleteAllRecords(t, e.brokers, e.topic)
+	deleteAllRecords(t, e.Brokers, e.Topic)
 	m := until("the deleted records found missing", func(m map[string]float64) bool {
 		return m[`outboxd_audit_verdicts_total{verdict="missing"}`] >= 5
 	})
@@ -59,7 +59,7 @@ func TestRunContinuousAudit(t *testing.T) {
 	if m[`outboxd_audit_runs_total{result="verdict"}`] < 1 {
 		t.Errorf("no round counted as a verdict")
 	}
-	if out := d.out.String(); !strings.Contains(out, "continuous audit: events not delivered") || !strings.Contains(out, "outboxd audit --since") {
+	if out := d.Out.String(); !strings.Contains(out, "continuous audit: events not delivered") || !strings.Contains(out, "outboxd audit --since") {
 		t.Errorf("the verdict was not logged with its command:\n%s", out)
 	}
 }

@@ -27,25 +27,25 @@ var badKinds = []badKind{
 }
 
 // badEventsTable lets the outbox table hold the bad rows.
-func badEventsTable(e *env) {
-	e.exec(`ALTER TABLE outbox ALTER aggregate_id DROP NOT NULL, ALTER topic DROP NOT NULL, ALTER payload DROP NOT NULL`)
+func badEventsTable(e *Env) {
+	e.Exec(`ALTER TABLE outbox ALTER aggregate_id DROP NOT NULL, ALTER topic DROP NOT NULL, ALTER payload DROP NOT NULL`)
 }
 
 // insertBad writes bad kind i and a good row {"good": i} in one
 // transaction.
-func insertBad(t *testing.T, e *env, c *pgx.Conn, i int) {
+func insertBad(t *testing.T, e *Env, c *pgx.Conn, i int) {
 	t.Helper()
 	insertKind(t, e, c, badKinds, i)
 }
 
-func insertKind(t *testing.T, e *env, c *pgx.Conn, kinds []badKind, i int) {
+func insertKind(t *testing.T, e *Env, c *pgx.Conn, kinds []badKind, i int) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, kinds[i].insert, e.topic); err != nil {
+		if _, err := tx.Exec(ctx, kinds[i].insert, e.Topic); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.topic, fmt.Sprintf(`{"good": %d}`, i))
+		_, err := tx.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.Topic, fmt.Sprintf(`{"good": %d}`, i))
 		return err
 	})
 	if err != nil {
@@ -53,7 +53,7 @@ func insertKind(t *testing.T, e *env, c *pgx.Conn, kinds []badKind, i int) {
 	}
 }
 
-func values(t *testing.T, e *env, topic string, n int) []string {
+func values(t *testing.T, e *Env, topic string, n int) []string {
 	t.Helper()
 	var vs []string
 	for _, m := range testenv.Kafka(t).ReadAll(t, topic, n, 60*time.Second) {
@@ -97,16 +97,16 @@ func goodValues(n int) string {
 // transaction, arrives in order.
 func TestRunBadEventsDeadLettered(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	badEventsTable(e)
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
-	d := e.start("--dead-letter-topic", dlq)
-	c := e.conn()
+	d := e.Start("--dead-letter-topic", dlq)
+	c := e.Conn()
 	defer c.Close(context.Background())
 	for i := range badKinds {
 		insertBad(t, e, c, i)
 	}
-	if got := strings.Join(values(t, e, e.topic, len(badKinds)), " "); got != goodValues(len(badKinds)) {
+	if got := strings.Join(values(t, e, e.Topic, len(badKinds)), " "); got != goodValues(len(badKinds)) {
 		t.Fatalf("main topic %s, want every good row %s", got, goodValues(len(badKinds)))
 	}
 	dead := testenv.Kafka(t).ReadAll(t, dlq, len(badKinds), 60*time.Second)
@@ -114,18 +114,18 @@ func TestRunBadEventsDeadLettered(t *testing.T) {
 		k := badKinds[i]
 		// An unroutable event is found after decoding: no table named.
 		table := map[bool]string{true: "", false: "public.outbox"}[k.name == "no topic"]
-		if !strings.Contains(header(m, "dlq-error"), k.reason) || header(m, "dlq-source-table") != table ||
-			!regexp.MustCompile(`^[0-9A-F]+/[0-9A-F]+$`).MatchString(header(m, "dlq-source-lsn")) || header(m, "dlq-source-xid") == "" {
+		if !strings.Contains(Header(m, "dlq-error"), k.reason) || Header(m, "dlq-source-table") != table ||
+			!regexp.MustCompile(`^[0-9A-F]+/[0-9A-F]+$`).MatchString(Header(m, "dlq-source-lsn")) || Header(m, "dlq-source-xid") == "" {
 			t.Errorf("%s: dead-letter headers %q, want the reason %q, LSN, xid and table", k.name, headerPairs(m), k.reason)
 		}
 		if !strings.Contains(string(m.Value), `"payload":`) {
 			t.Errorf("%s: dead-letter value %s, want the row's raw columns", k.name, m.Value)
 		}
 	}
-	if d.exited() {
-		t.Fatalf("outboxd exited:\n%s", d.out.String())
+	if d.Exited() {
+		t.Fatalf("outboxd exited:\n%s", d.Out.String())
 	}
-	d.stop()
+	d.Stop()
 }
 
 var skipFlags = regexp.MustCompile(`start outboxd again with((?: --skip-bad-event [0-9A-F]+/[0-9A-F]+)+);`)
@@ -136,9 +136,9 @@ var skipFlags = regexp.MustCompile(`start outboxd again with((?: --skip-bad-even
 // arrives) and halts again on the next bad row.
 func TestRunBadEventsHaltAndSkipExactlyOne(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	badEventsTable(e)
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	// Without a dead-letter topic an event over the Kafka size limit is
 	// one too.
@@ -153,16 +153,16 @@ func TestRunBadEventsHaltAndSkipExactlyOne(t *testing.T) {
 	limit := []string{"--kafka-max-message-bytes", "4096"}
 	var skip []string
 	for i, k := range kinds {
-		d := e.start(append(slices.Clone(limit), skip...)...)
+		d := e.Start(append(slices.Clone(limit), skip...)...)
 		if i == 0 { // the slot exists now
 			for i := range kinds {
 				insertKind(t, e, c, kinds, i)
 			}
 		}
-		if code := d.wait(60 * time.Second); code == 0 {
+		if code := d.Wait(60 * time.Second); code == 0 {
 			t.Fatalf("%s: outboxd exited 0, want a halt", k.name)
 		}
-		out := d.out.String()
+		out := d.Out.String()
 		m := skipFlags.FindStringSubmatch(out)
 		if m == nil || !strings.Contains(out, k.reason) {
 			t.Fatalf("%s: halt without --skip-bad-event and the reason %q:\n%s", k.name, k.reason, out)
@@ -172,13 +172,13 @@ func TestRunBadEventsHaltAndSkipExactlyOne(t *testing.T) {
 			t.Fatalf("%s: halted with %q, want the %d earlier skips and this event's", k.name, m[1], i)
 		}
 		skip = next
-		if got := distinctValues(t, e.topic, i); got != goodValues(i) {
+		if got := distinctValues(t, e.Topic, i); got != goodValues(i) {
 			t.Fatalf("after %d skips: %s, want %s", i, got, goodValues(i))
 		}
 	}
-	d := e.start(append(limit, skip...)...)
-	if got := distinctValues(t, e.topic, len(kinds)); got != goodValues(len(kinds)) {
+	d := e.Start(append(limit, skip...)...)
+	if got := distinctValues(t, e.Topic, len(kinds)); got != goodValues(len(kinds)) {
 		t.Fatalf("after skipping each bad row: %s, want every good row %s", got, goodValues(len(kinds)))
 	}
-	d.stop()
+	d.Stop()
 }

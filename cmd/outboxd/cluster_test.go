@@ -42,14 +42,14 @@ func TestClusterFaults(t *testing.T) {
 	t.Run("KillMostLeaderThenPreferredElection", func(t *testing.T) {
 		p := newClusterPhase(t, c, probeTopic)
 		p.underLoad(func() {
-			i := c.MostLeader(p.e.topic)
+			i := c.MostLeader(p.e.Topic)
 			p.kill(i)
 			// Start returns once the node registered again, which the
 			// controller allows only after fencing it (and moving its
 			// leaderships): the first leader change happens under load.
 			p.start(i)
-			c.WaitInSync(p.e.topic)
-			c.ElectPreferredLeaders(p.e.topic) // the second leader change
+			c.WaitInSync(p.e.Topic)
+			c.ElectPreferredLeaders(p.e.Topic) // the second leader change
 			p.note("killed node %d (most leader), restarted, in sync, preferred leaders back", i)
 		})
 	})
@@ -60,7 +60,7 @@ func TestClusterFaults(t *testing.T) {
 			for i := range c.Len() {
 				p.stop(i)
 				p.start(i)
-				c.WaitInSync(p.e.topic)
+				c.WaitInSync(p.e.Topic)
 				p.alive()
 			}
 			p.note("SIGTERM and restart of nodes 0, 1, 2, each back in every ISR before the next")
@@ -70,7 +70,7 @@ func TestClusterFaults(t *testing.T) {
 	t.Run("TwoBrokersDown20s", func(t *testing.T) {
 		p := newClusterPhase(t, c, probeTopic)
 		p.underLoad(func() {
-			a := c.MostLeader(p.e.topic)
+			a := c.MostLeader(p.e.Topic)
 			b := (a + 1) % c.Len()
 			p.stop(a)
 			p.stop(b)
@@ -79,7 +79,7 @@ func TestClusterFaults(t *testing.T) {
 			p.hold(20 * time.Second)
 			p.start(a)
 			p.start(b)
-			c.WaitInSync(p.e.topic)
+			c.WaitInSync(p.e.Topic)
 			p.note("stopped nodes %d and %d for 20 s", a, b)
 		})
 	})
@@ -87,11 +87,11 @@ func TestClusterFaults(t *testing.T) {
 	t.Run("MostLeaderPaused30s", func(t *testing.T) {
 		p := newClusterPhase(t, c, probeTopic)
 		p.underLoad(func() {
-			i := c.MostLeader(p.e.topic)
+			i := c.MostLeader(p.e.Topic)
 			p.pause(i)
 			p.hold(30 * time.Second)
 			p.resume(i)
-			c.WaitInSync(p.e.topic)
+			c.WaitInSync(p.e.Topic)
 			p.note("SIGSTOPped node %d (most leader) for 30 s", i)
 		})
 	})
@@ -100,20 +100,20 @@ func TestClusterFaults(t *testing.T) {
 		p := newClusterPhase(t, c, probeTopic)
 		began := time.Now()
 		// The slot must exist before the backlog is written, or it starts after it.
-		p.e.start().stop()
+		p.e.Start().Stop()
 		const rows = 100_000
 		p.e.backlog(rows)
 		p.d, p.metrics = p.e.startWithMetrics()
 		p.waitOffsets(1, time.Minute)
-		w := watchStalls(t, p.e.brokers, p.e.topic, p.metrics)
+		w := watchStalls(t, p.e.Brokers, p.e.Topic, p.metrics)
 		defer w.end()
 		p.waitOffsets(20_000, 3*time.Minute)
-		at := endOffsets(p.e.brokers, p.e.topic)
-		i := c.MostLeader(p.e.topic)
+		at := endOffsets(p.e.Brokers, p.e.Topic)
+		i := c.MostLeader(p.e.Topic)
 		p.note("restarts before the fault %v", p.d.restarts())
 		p.kill(i)
 		p.start(i)
-		c.WaitInSync(p.e.topic)
+		c.WaitInSync(p.e.Topic)
 		p.mark("fault over")
 		p.note("killed node %d (most leader) with %d of %d rows published, restarted, in sync", i, at, rows)
 		if at >= rows {
@@ -131,8 +131,8 @@ func TestClusterFaults(t *testing.T) {
 type clusterPhase struct {
 	t          *testing.T
 	c          *testenv.KafkaCluster
-	e          *env
-	d          *daemon
+	e          *Env
+	d          *Daemon
 	metrics    string // outboxd's metrics base URL
 	probeTopic string
 	down       map[int]bool // stopped or killed by this phase
@@ -144,8 +144,8 @@ type clusterPhase struct {
 func newClusterPhase(t *testing.T, c *testenv.KafkaCluster, probeTopic string) *clusterPhase {
 	t.Helper()
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "cluster", 6), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "cluster", 6), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	p := &clusterPhase{t: t, c: c, e: e, probeTopic: probeTopic, down: map[int]bool{}, paused: map[int]bool{}}
 	// A phase that failed half-way gives its nodes back, so the next phase
 	// starts on a whole cluster.
@@ -210,8 +210,8 @@ func clock(t time.Time) string { return t.UTC().Format("15:04:05.000") }
 // alive fails the test if outboxd has exited.
 func (p *clusterPhase) alive() {
 	p.t.Helper()
-	if p.d != nil && p.d.exited() {
-		p.t.Fatalf("outboxd exited (%d) during the fault", p.d.code)
+	if p.d != nil && p.d.Exited() {
+		p.t.Fatalf("outboxd exited (%d) during the fault", p.d.Code)
 	}
 }
 
@@ -230,7 +230,7 @@ func (p *clusterPhase) waitOffsets(n int64, timeout time.Duration) {
 	p.t.Helper()
 	waitFor(p.t, timeout, func() bool {
 		p.alive()
-		return endOffsets(p.e.brokers, p.e.topic) >= n
+		return endOffsets(p.e.Brokers, p.e.Topic) >= n
 	})
 }
 
@@ -242,17 +242,17 @@ func (p *clusterPhase) underLoad(fault func()) {
 	t.Helper()
 	began := time.Now()
 	p.d, p.metrics = p.e.startWithMetrics()
-	p.d.waitLog("streaming", 60*time.Second)
+	p.d.WaitLog("streaming", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := p.e.steady(ctx, 300)
 	p.waitOffsets(300, time.Minute)
-	w := watchStalls(t, p.e.brokers, p.e.topic, p.metrics)
+	w := watchStalls(t, p.e.Brokers, p.e.Topic, p.metrics)
 	defer w.end()
 	p.note("restarts before the fault %v", p.d.restarts())
 	fault()
 	p.mark("fault over")
-	accepted, published := recovery(t, p.e.brokers, p.e.topic, p.probeTopic, 2*time.Minute)
+	accepted, published := recovery(t, p.e.Brokers, p.e.Topic, p.probeTopic, 2*time.Minute)
 	p.note("Kafka accepts → outboxd publishes %s", published.Sub(accepted).Round(time.Millisecond))
 	// Publishing a while more, under the load: until Kafka holds what was
 	// written during the fault (a fixed 3 s did not say whether it did).
@@ -276,29 +276,29 @@ func (p *clusterPhase) verdict(st stallReport, began time.Time) {
 		}
 	}
 	p.settle()
-	want := p.e.rows()
-	got := consume(t, p.e.brokers, p.e.topic, want, 3*time.Minute)
-	v, n := verify(t, want, got), len(want)
-	if v.corrupt > 0 {
+	want := p.e.Rows()
+	got := Consume(t, p.e.Brokers, p.e.Topic, want, 3*time.Minute)
+	v, n := Verify(t, want, got), len(want)
+	if v.Corrupt > 0 {
 		p.explainCorrupt(want, got)
 	}
-	off := endOffsets(p.e.brokers, p.e.topic)
+	off := endOffsets(p.e.Brokers, p.e.Topic)
 	t.Logf("timeline: %s", strings.Join(p.timeline, "; "))
 	t.Logf("%s: %d rows, %s; end offsets %d; longest stall: topic %s (from %s), one partition %s (p%d, from %s); "+
 		"outboxd_stalled_seconds max %.1f; %d offset reads failed; produce retries %.0f; restarts in all %v; phase %s",
 		strings.Join(p.notes, "; "), n, v, off, st.total.Round(time.Millisecond), clock(st.totalFrom),
 		st.partition.Round(time.Millisecond), st.worst, clock(st.partFrom),
 		st.metric, st.failed, retries, p.d.restarts(), time.Since(began).Round(time.Second))
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Errorf("%s", v)
 	}
 	if off < int64(n) {
 		t.Errorf("Kafka's end offsets %d < %d rows", off, n)
 	}
 	p.alive()
-	p.d.stop()
+	p.d.Stop()
 	if os.Getenv("OUTBOXD_CLUSTER_LOG") != "" {
-		t.Logf("outboxd output:\n%s", p.d.out.String())
+		t.Logf("outboxd output:\n%s", p.d.Out.String())
 	}
 }
 
@@ -308,18 +308,18 @@ func (p *clusterPhase) settle() { p.e.settle() }
 // explainCorrupt logs the records verify counted as corrupt for want
 // of a known outbox-id, and whether their rows exist now (committed after
 // the rows were read: a test artifact) or not (outboxd's).
-func (p *clusterPhase) explainCorrupt(want map[int64]row, got []*sarama.ConsumerMessage) {
-	now := p.e.rows()
+func (p *clusterPhase) explainCorrupt(want map[int64]Row, got []*sarama.ConsumerMessage) {
+	now := p.e.Rows()
 	shown := 0
 	for _, m := range got {
-		id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64)
+		id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64)
 		if _, ok := want[id]; ok && err == nil {
 			continue
 		}
 		_, later := now[id]
 		if shown++; shown <= 5 {
 			p.t.Logf("corrupt: p%d offset %d key %q outbox-id %q (row exists now: %v) value %.80q",
-				m.Partition, m.Offset, m.Key, header(m, "outbox-id"), later && err == nil, m.Value)
+				m.Partition, m.Offset, m.Key, Header(m, "outbox-id"), later && err == nil, m.Value)
 		}
 	}
 }

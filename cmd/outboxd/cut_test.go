@@ -25,16 +25,16 @@ func TestRunExactlyOnceWalsenderEndedInsideATransaction(t *testing.T) {
 		}
 		rows = n
 	}
-	e := newEnv(t, 3)
-	d := e.start(eosArgs()...)
-	offsets := newOffsetReader(t, e.brokers, e.topic)
+	e := NewEnv(t, 3)
+	d := e.Start(eosArgs()...)
+	offsets := newOffsetReader(t, e.Brokers, e.Topic)
 	const rounds = 3
 	cuts := 0
 	for i := range rounds {
 		before := offsets.sum()
-		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
 			SELECT 'agg-' || (g % 50), $1, jsonb_build_object('round', $2::int, 'seq', g) FROM generate_series(1, $3::int) AS g`,
-			e.topic, i, rows)
+			e.Topic, i, rows)
 		// Some of the transaction's records are in Kafka (in the open Kafka
 		// transaction): end the walsender now.
 		deadline := time.Now().Add(2 * time.Minute)
@@ -44,22 +44,22 @@ func TestRunExactlyOnceWalsenderEndedInsideATransaction(t *testing.T) {
 			}
 			time.Sleep(2 * time.Millisecond) // polling the topic's end
 		}
-		e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
+		e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
 		if offsets.sum() < before+int64(rows) {
 			cuts++ // not every record of the transaction was written yet
 		}
-		e.waitConfirmed(2 * time.Minute)
+		e.WaitConfirmed(2 * time.Minute)
 	}
-	v, n := e.delivered(3 * time.Minute)
+	v, n := e.Delivered(3 * time.Minute)
 	t.Logf("exactly-once, %d transactions of %d rows, the walsender ended inside %d of them: %d events, %s; restarts %v",
 		rounds, rows, cuts, n, v, d.restarts())
 	if cuts == 0 {
 		t.Fatal("no walsender ended inside a transaction: the test did not test the cut (raise OUTBOXD_TEST_CUT_ROWS)")
 	}
-	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("exactly-once with the walsender ended inside transactions: %s", v)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // offsetReader sums a topic's end offsets over one client, fast enough to

@@ -23,9 +23,9 @@ func eosArgs(extra ...string) []string {
 // exactly what was committed, and re-sends exactly what was not.
 func TestRunExactlyOnceKill9UnderLoad(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
+	e := NewEnv(t, 3)
 	args := eosArgs()
-	d := e.start(args...)
+	d := e.Start(args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 300)
@@ -33,20 +33,20 @@ func TestRunExactlyOnceKill9UnderLoad(t *testing.T) {
 	for i := 0; i < kills; i++ {
 		// Let it publish for a moment, somewhere inside a Kafka transaction.
 		time.Sleep(time.Duration(300+(i*137)%700) * time.Millisecond)
-		d.kill9()
-		d = e.start(args...)
+		d.Kill9()
+		d = e.Start(args...)
 	}
 	time.Sleep(time.Second)
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(3 * time.Minute)
+	v, n := e.Delivered(3 * time.Minute)
 	t.Logf("exactly-once, kill -9 %d times under 300 ev/s, %d events: %s", kills, n, v)
-	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("exactly-once after %d kill -9: %s", kills, v)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // Fast restarts of Postgres under load, in both modes: on Postgres < 17 a
@@ -58,9 +58,9 @@ func TestRunPostgresRestartsDuplicateNothing(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ps := testenv.StartPostgres(t)
 			k := testenv.Kafka(t)
-			e := &env{t: t, dsn: ps.DSN, brokers: k.Brokers, topic: k.Topic(t, "pgrestarts", 3), slot: testenv.UniqueName("slot")}
-			e.migrate()
-			d := e.start("--delivery", mode, "--checkpoint-topic", testenv.UniqueName("checkpoints"))
+			e := &Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "pgrestarts", 3), Slot: testenv.UniqueName("slot")}
+			e.Migrate()
+			d := e.Start("--delivery", mode, "--checkpoint-topic", testenv.UniqueName("checkpoints"))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			writes := e.steady(ctx, 300)
@@ -73,12 +73,12 @@ func TestRunPostgresRestartsDuplicateNothing(t *testing.T) {
 			if err := <-writes; err != nil && !strings.Contains(err.Error(), "connect") && !strings.Contains(err.Error(), "terminat") {
 				t.Logf("writer stopped: %v", err) // a writer may meet a restart; what it committed counts
 			}
-			v, n := e.delivered(3 * time.Minute)
+			v, n := e.Delivered(3 * time.Minute)
 			t.Logf("%s, 10 Postgres fast restarts under load, %d events: %s; restarts %v", mode, n, v, d.restarts())
-			if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+			if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 				t.Fatalf("%s after 10 Postgres restarts: %s", mode, v)
 			}
-			d.stop()
+			d.Stop()
 		})
 	}
 }
@@ -102,45 +102,45 @@ func TestRunExactlyOnceKafkaFaults(t *testing.T) {
 			t.Parallel()
 			ks := testenv.StartKafka(t)
 			pg := testenv.Postgres(t)
-			e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("eosfault"), slot: testenv.UniqueName("slot")}
-			createTopic(t, ks.Brokers, e.topic, 3)
-			e.migrate()
+			e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("eosfault"), Slot: testenv.UniqueName("slot")}
+			createTopic(t, ks.Brokers, e.Topic, 3)
+			e.Migrate()
 			args := eosArgs("--kafka-delivery-timeout", "5s")
-			d := e.start(args...)
+			d := e.Start(args...)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			if c.backlog > 0 {
-				d.stop()
+				d.Stop()
 				e.backlog(c.backlog)
-				d = startDaemon(t, e.args(args...)...)
-				waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > int64(c.backlog/5) })
+				d = StartDaemon(t, e.Args(args...)...)
+				waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > int64(c.backlog/5) })
 			}
 			writes := e.steady(ctx, 300)
-			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > 300 })
+			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > 300 })
 			c.fault(ks)
-			if d.exited() {
-				t.Fatalf("outboxd exited (%d) during the fault", d.code)
+			if d.Exited() {
+				t.Fatalf("outboxd exited (%d) during the fault", d.Code)
 			}
 			ks.Start()
 			probeTopic := testenv.UniqueName("probe")
-			waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > 0 })
+			waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > 0 })
 			createTopic(t, ks.Brokers, probeTopic, 1)
-			recovery(t, ks.Brokers, e.topic, probeTopic, 2*time.Minute)
+			recovery(t, ks.Brokers, e.Topic, probeTopic, 2*time.Minute)
 			// Publishing after the fault, under the load: until Kafka holds
 			// as many records as the outbox held rows (end offsets also
 			// count markers: this paces, the verdict below decides).
 			rows := e.outboxRows()
-			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) >= rows })
+			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) >= rows })
 			cancel()
 			if err := <-writes; err != nil {
 				t.Fatal(err)
 			}
-			v, n := e.delivered(3 * time.Minute)
+			v, n := e.Delivered(3 * time.Minute)
 			t.Logf("exactly-once, Kafka %s, %d events: %s; restarts %v", c.name, n, v, d.restarts())
-			if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+			if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 				t.Fatalf("exactly-once, Kafka %s: %s", c.name, v)
 			}
-			d.stop()
+			d.Stop()
 		})
 	}
 }
@@ -148,18 +148,18 @@ func TestRunExactlyOnceKafkaFaults(t *testing.T) {
 // One Postgres transaction of 200,000 rows fits one Kafka transaction.
 func TestRunExactlyOnceHugeTransaction(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 6)
-	d := e.start(eosArgs()...)
-	d.stop()
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload)
-		SELECT 'agg-' || (g % 100), $1, jsonb_build_object('seq', g) FROM generate_series(1, 200000) AS g ORDER BY g`, e.topic)
-	d = e.start(eosArgs()...)
-	v, n := e.delivered(5 * time.Minute)
+	e := NewEnv(t, 6)
+	d := e.Start(eosArgs()...)
+	d.Stop()
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
+		SELECT 'agg-' || (g % 100), $1, jsonb_build_object('seq', g) FROM generate_series(1, 200000) AS g ORDER BY g`, e.Topic)
+	d = e.Start(eosArgs()...)
+	v, n := e.Delivered(5 * time.Minute)
 	t.Logf("exactly-once, one 200,000-row transaction: %d events: %s", n, v)
-	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 || n != 200000 {
+	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != 200000 {
 		t.Fatalf("exactly-once, one huge transaction: %s", v)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // A zombie: outboxd A is frozen (SIGSTOP) while the server drops its
@@ -167,37 +167,37 @@ func TestRunExactlyOnceHugeTransaction(t *testing.T) {
 // transactional id was fenced by B: it can commit and confirm nothing.
 func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
+	e := NewEnv(t, 3)
 	cp := testenv.UniqueName("checkpoints")
 	args := []string{"--delivery", "exactly-once", "--checkpoint-topic", cp}
-	a := e.start(args...)
-	b := startDaemon(t, e.args(args...)...)
-	b.waitLog("standby", 60*time.Second)
+	a := e.Start(args...)
+	b := StartDaemon(t, e.Args(args...)...)
+	b.WaitLog("standby", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 300)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 300 })
-	_ = syscall.Kill(a.pid(), syscall.SIGSTOP)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 300 })
+	_ = syscall.Kill(a.PID(), syscall.SIGSTOP)
 	// The server drops the frozen process's walsender (as wal_sender_timeout
 	// would): the slot is free for the standby.
-	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
-	b.waitLog("taking over", 60*time.Second)
-	waitFor(t, time.Minute, func() bool { return strings.Count(b.out.String(), "streaming") >= 1 })
+	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
+	b.WaitLog("taking over", 60*time.Second)
+	waitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
 	time.Sleep(2 * time.Second) // B publishes and commits
-	_ = syscall.Kill(a.pid(), syscall.SIGCONT)
+	_ = syscall.Kill(a.PID(), syscall.SIGCONT)
 	time.Sleep(5 * time.Second)
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(3 * time.Minute)
+	v, n := e.Delivered(3 * time.Minute)
 	outcome := "still running (a standby again)"
-	if a.exited() {
-		outcome = fmt.Sprintf("exited %d", a.code)
+	if a.Exited() {
+		outcome = fmt.Sprintf("exited %d", a.Code)
 	}
 	t.Logf("zombie A resumed after B took over, %d events: %s; A %s, fenced in its log: %v",
-		n, v, outcome, strings.Contains(a.out.String(), "fenced"))
-	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+		n, v, outcome, strings.Contains(a.Out.String(), "fenced"))
+	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("zombie: %s", v)
 	}
 	// A never publishes again as the active instance. Either it learns it
@@ -207,40 +207,40 @@ func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 	// A's session restarts and finds B holding the slot, so A waits as a
 	// standby. Both are safe: the slot is the lock, and the counts above
 	// show nothing lost or duplicated.
-	fenced := func() bool { return a.exited() && a.code != 0 && strings.Contains(a.out.String(), "fenced") }
+	fenced := func() bool { return a.Exited() && a.Code != 0 && strings.Contains(a.Out.String(), "fenced") }
 	standby := func() bool {
-		out := a.out.String()
-		return !a.exited() && strings.LastIndex(out, "standby: another process holds the slot") > strings.LastIndex(out, "streaming")
+		out := a.Out.String()
+		return !a.Exited() && strings.LastIndex(out, "standby: another process holds the slot") > strings.LastIndex(out, "streaming")
 	}
 	waitFor(t, 30*time.Second, func() bool { return fenced() || standby() })
-	b.stop()
+	b.Stop()
 }
 
 // Gaps are never silent: the slot advanced by someone else while outboxd
 // was stopped is refused with both positions named; --accept-gap starts.
 func TestRunRefusesAGapBetweenCheckpointAndSlot(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	cp := testenv.UniqueName("checkpoints")
-	d := e.start("--checkpoint-topic", cp)
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, e.topic)
-	e.delivered(time.Minute)
-	d.stop()
+	d := e.Start("--checkpoint-topic", cp)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, e.Topic)
+	e.Delivered(time.Minute)
+	d.Stop()
 	// Someone advances the slot past events outboxd never saw.
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"lost": true}')`, e.topic)
-	e.exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.slot)
-	refused := startDaemon(t, e.args("--checkpoint-topic", cp)...)
-	code := refused.wait(60 * time.Second)
-	out := refused.out.String()
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"lost": true}')`, e.Topic)
+	e.Exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.Slot)
+	refused := StartDaemon(t, e.Args("--checkpoint-topic", cp)...)
+	code := refused.Wait(60 * time.Second)
+	out := refused.Out.String()
 	if code == 0 || !strings.Contains(out, "gap between the checkpoint and the slot") || !strings.Contains(out, "--accept-gap") {
 		t.Fatalf("exit %d, output:\n%s\nwant a refusal naming the gap and --accept-gap", code, out)
 	}
 	// outboxd status shows the checkpoint next to the slot and the same gap.
-	code, out = runOnce(t, "status", "--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot, "--allow-inactive",
-		"--kafka-brokers", strings.Join(e.brokers, ","), "--checkpoint-topic", cp)
+	code, out = runOnce(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive",
+		"--kafka-brokers", strings.Join(e.Brokers, ","), "--checkpoint-topic", cp)
 	if code != 1 || !strings.Contains(out, "checkpoint") || !strings.Contains(out, "ahead of outboxd's checkpoint") || !strings.Contains(out, "read in") {
 		t.Errorf("status: exit %d\n%s\nwant the checkpoint (and its read time) and the gap as a problem", code, out)
 	}
-	accepted := e.start("--checkpoint-topic", cp, "--accept-gap")
-	accepted.stop()
+	accepted := e.Start("--checkpoint-topic", cp, "--accept-gap")
+	accepted.Stop()
 }

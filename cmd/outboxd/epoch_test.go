@@ -24,58 +24,58 @@ import (
 // between the checkpoint and the slot.
 func TestRunAtLeastOnceZombieCheckpointIsIgnored(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
+	e := NewEnv(t, 3)
 	cp := testenv.UniqueName("checkpoints")
 	args := []string{"--checkpoint-topic", cp}
-	a := e.start(args...)
-	b := startDaemon(t, e.args(args...)...)
-	b.waitLog("standby", 60*time.Second)
+	a := e.Start(args...)
+	b := StartDaemon(t, e.Args(args...)...)
+	b.WaitLog("standby", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 300)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 300 })
-	_ = syscall.Kill(a.pid(), syscall.SIGSTOP)
-	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
-	b.waitLog("taking over", 60*time.Second)
-	waitFor(t, time.Minute, func() bool { return strings.Count(b.out.String(), "streaming") >= 1 })
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 1500 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 300 })
+	_ = syscall.Kill(a.PID(), syscall.SIGSTOP)
+	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
+	b.WaitLog("taking over", 60*time.Second)
+	waitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 1500 })
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	e.waitConfirmed(time.Minute) // B checkpointed everything written
-	_ = syscall.Kill(b.pid(), syscall.SIGSTOP)
-	_ = syscall.Kill(a.pid(), syscall.SIGCONT)
+	e.WaitConfirmed(time.Minute) // B checkpointed everything written
+	_ = syscall.Kill(b.PID(), syscall.SIGSTOP)
+	_ = syscall.Kill(a.PID(), syscall.SIGCONT)
 	// A's session ends on its dropped connection (writing its last
 	// checkpoint first) and it finds the slot held by B: a standby.
 	waitFor(t, time.Minute, func() bool {
-		out := a.out.String()
-		return a.exited() || strings.LastIndex(out, "standby: another process holds the slot") > strings.LastIndex(out, "streaming")
+		out := a.Out.String()
+		return a.Exited() || strings.LastIndex(out, "standby: another process holds the slot") > strings.LastIndex(out, "streaming")
 	})
-	if a.exited() {
-		t.Fatalf("A exited %d on waking:\n%s", a.code, a.out.String())
+	if a.Exited() {
+		t.Fatalf("A exited %d on waking:\n%s", a.Code, a.Out.String())
 	}
-	last, lastKey, newest := checkpointLog(t, e.brokers, cp)
+	last, lastKey, newest := checkpointLog(t, e.Brokers, cp)
 	t.Logf("checkpoint topic: the last record written is at %s (%s), the newest position written %s", last.EndLSN, lastKey, newest)
 	if last.EndLSN >= newest {
 		t.Fatalf("A wrote no checkpoint behind B's after waking (last %s, newest %s): the case under test did not happen", last.EndLSN, newest)
 	}
-	b.kill9()
+	b.Kill9()
 	// A takes over: it resumes from B's checkpoint instead of halting, and
 	// publishes what is written next.
-	before := endOffsets(e.brokers, e.topic)
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-after', $1, '{}')`, e.topic)
-	waitFor(t, 2*time.Minute, func() bool { return a.exited() || endOffsets(e.brokers, e.topic) > before })
-	if a.exited() {
-		out := a.out.String()
-		t.Fatalf("A exited %d when it took over from B, instead of resuming from B's checkpoint; its output ends:\n%s", a.code, out[max(0, len(out)-3000):])
+	before := endOffsets(e.Brokers, e.Topic)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-after', $1, '{}')`, e.Topic)
+	waitFor(t, 2*time.Minute, func() bool { return a.Exited() || endOffsets(e.Brokers, e.Topic) > before })
+	if a.Exited() {
+		out := a.Out.String()
+		t.Fatalf("A exited %d when it took over from B, instead of resuming from B's checkpoint; its output ends:\n%s", a.Code, out[max(0, len(out)-3000):])
 	}
-	v, n := e.delivered(3 * time.Minute)
+	v, n := e.Delivered(3 * time.Minute)
 	t.Logf("at-least-once zombie: %d events: %s", n, v)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("zombie: %s", v)
 	}
-	a.stop()
+	a.Stop()
 }
 
 // checkpointLog reads every record of the one-partition checkpoint topic

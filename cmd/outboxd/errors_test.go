@@ -23,9 +23,9 @@ func lastLine(out string) string {
 // exact error line.
 func expectExit(t *testing.T, want string, args ...string) {
 	t.Helper()
-	d := startDaemon(t, args...)
-	code := d.wait(90 * time.Second)
-	got := lastLine(d.out.String())
+	d := StartDaemon(t, args...)
+	code := d.Wait(90 * time.Second)
+	got := lastLine(d.Out.String())
 	if code != 1 || got != "outboxd: "+want {
 		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and:\n  outboxd: %s", code, got, want)
 	}
@@ -54,26 +54,26 @@ func TestRunPreflightErrors(t *testing.T) {
 	})
 	t.Run("role without replication", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
+		e := NewEnv(t, 1)
 		role := testenv.UniqueName("norepl")
-		e.exec(fmt.Sprintf(`CREATE ROLE %s LOGIN`, role))
-		t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE %s`, role, role)) })
-		dsn := strings.Replace(e.dsn, "postgres://postgres@", "postgres://"+role+"@", 1)
+		e.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN`, role))
+		t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE %s`, role, role)) })
+		dsn := strings.Replace(e.DSN, "postgres://postgres@", "postgres://"+role+"@", 1)
 		expectExit(t, fmt.Sprintf(`role %q lacks the REPLICATION attribute: ALTER ROLE %s REPLICATION (or use a role that has it)`, role, role),
-			args(dsn, e.slot)...)
+			args(dsn, e.Slot)...)
 	})
 	t.Run("slot with another plugin", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		e.exec(`SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.slot)
-		expectExit(t, fmt.Sprintf(`replication slot %q uses plugin "test_decoding", outboxd needs "pgoutput": drop it with "outboxd slot drop" or choose another --slot`, e.slot),
-			args(e.dsn, e.slot)...)
+		e := NewEnv(t, 1)
+		e.Exec(`SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.Slot)
+		expectExit(t, fmt.Sprintf(`replication slot %q uses plugin "test_decoding", outboxd needs "pgoutput": drop it with "outboxd slot drop" or choose another --slot`, e.Slot),
+			args(e.DSN, e.Slot)...)
 	})
 	t.Run("slot missing with no-create", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		expectExit(t, fmt.Sprintf(`replication slot %q and publication %q do not exist: run "outboxd slot create" or start without --no-create`, e.slot, e.slot),
-			args(e.dsn, e.slot, "--no-create")...)
+		e := NewEnv(t, 1)
+		expectExit(t, fmt.Sprintf(`replication slot %q and publication %q do not exist: run "outboxd slot create" or start without --no-create`, e.Slot, e.Slot),
+			args(e.DSN, e.Slot, "--no-create")...)
 	})
 	t.Run("no brokers", func(t *testing.T) {
 		t.Parallel()
@@ -83,12 +83,12 @@ func TestRunPreflightErrors(t *testing.T) {
 	t.Run("wal_level replica", func(t *testing.T) {
 		t.Parallel()
 		ps := testenv.StartPostgres(t)
-		e := &env{t: t, dsn: ps.DSN, slot: testenv.UniqueName("slot")}
-		e.migrate()
-		e.exec(`ALTER SYSTEM SET wal_level = replica`)
+		e := &Env{T: t, DSN: ps.DSN, Slot: testenv.UniqueName("slot")}
+		e.Migrate()
+		e.Exec(`ALTER SYSTEM SET wal_level = replica`)
 		ps.Restart("fast")
 		expectExit(t, `wal_level is "replica", outboxd needs "logical": set wal_level = logical in postgresql.conf and restart PostgreSQL`,
-			args(ps.DSN, e.slot)...)
+			args(ps.DSN, e.Slot)...)
 	})
 }
 
@@ -126,61 +126,61 @@ func TestRunPoisonEvents(t *testing.T) {
 
 	t.Run("too large halts", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		e.topic = topicWithConfig(t, e.brokers, map[string]*string{"max.message.bytes": ptr("1000")})
-		d := e.start()
-		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2)`, e.topic, big)
-		code := d.wait(60 * time.Second)
+		e := NewEnv(t, 1)
+		e.Topic = topicWithConfig(t, e.Brokers, map[string]*string{"max.message.bytes": ptr("1000")})
+		d := e.Start()
+		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2)`, e.Topic, big)
+		code := d.Wait(60 * time.Second)
 		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: kafka server: Message was too large, server rejected it to avoid allocation error; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
-			e.topic, size("agg-1", big))
-		if got := lastLine(d.out.String()); code != 1 || !matchSized(got, want) {
+			e.Topic, size("agg-1", big))
+		if got := lastLine(d.Out.String()); code != 1 || !matchSized(got, want) {
 			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)
 		}
 	})
 	t.Run("unknown topic halts", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		d := e.start("--kafka-unknown-topic-timeout", "2s")
+		e := NewEnv(t, 1)
+		d := e.Start("--kafka-unknown-topic-timeout", "2s")
 		missing := testenv.UniqueName("nosuchtopic")
-		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, missing)
-		code := d.wait(90 * time.Second)
+		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, missing)
+		code := d.Wait(90 * time.Second)
 		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: topic still unknown to the brokers after 2s of lookups (deleted or never created; see --kafka-unknown-topic-timeout): %s: kafka server: Request was for a topic or partition that does not exist on this broker; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
 			missing, size("agg-1", "{}"), missing)
-		if got := lastLine(d.out.String()); code != 1 || !matchSized(got, want) {
+		if got := lastLine(d.Out.String()); code != 1 || !matchSized(got, want) {
 			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)
 		}
 	})
 	t.Run("dead-letter topic takes it and the stream goes on", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
+		e := NewEnv(t, 1)
 		k := testenv.Kafka(t)
 		dlq := k.Topic(t, "dlq", 1)
-		e.topic = topicWithConfig(t, e.brokers, map[string]*string{"max.message.bytes": ptr("1000")})
-		d := e.start("--dead-letter-topic", dlq)
-		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2), ('agg-1', $1, '{"ok": true}')`, e.topic, big)
-		good := k.ReadAll(t, e.topic, 1, 60*time.Second)
+		e.Topic = topicWithConfig(t, e.Brokers, map[string]*string{"max.message.bytes": ptr("1000")})
+		d := e.Start("--dead-letter-topic", dlq)
+		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2), ('agg-1', $1, '{"ok": true}')`, e.Topic, big)
+		good := k.ReadAll(t, e.Topic, 1, 60*time.Second)
 		dead := k.ReadAll(t, dlq, 1, 60*time.Second)
 		if len(good) != 1 || string(good[0].Value) != `{"ok": true}` {
 			t.Fatalf("main topic got %d records, want the good one", len(good))
 		}
-		if len(dead) != 1 || header(dead[0], "outbox-id") != "1" || string(dead[0].Key) != "agg-1" ||
-			!strings.Contains(header(dead[0], "dlq-error"), "Message was too large") || header(dead[0], "dlq-error-class") != "poison" ||
-			header(dead[0], "dlq-source-topic") != e.topic || header(dead[0], "dlq-payload-omitted") != "true" ||
+		if len(dead) != 1 || Header(dead[0], "outbox-id") != "1" || string(dead[0].Key) != "agg-1" ||
+			!strings.Contains(Header(dead[0], "dlq-error"), "Message was too large") || Header(dead[0], "dlq-error-class") != "poison" ||
+			Header(dead[0], "dlq-source-topic") != e.Topic || Header(dead[0], "dlq-payload-omitted") != "true" ||
 			// the names before 0.2, still written for one release
-			header(dead[0], "outboxd-error") != header(dead[0], "dlq-error") || header(dead[0], "outboxd-original-topic") != e.topic {
+			Header(dead[0], "outboxd-error") != Header(dead[0], "dlq-error") || Header(dead[0], "outboxd-original-topic") != e.Topic {
 			t.Fatalf("dead-letter record %+v", dead)
 		}
-		d.stop()
+		d.Stop()
 		// Both were confirmed: a restart re-sends nothing.
-		d = e.start("--dead-letter-topic", dlq)
+		d = e.Start("--dead-letter-topic", dlq)
 		time.Sleep(2 * time.Second)
-		if n := len(k.ReadAll(t, e.topic, 2, 3*time.Second)); n != 1 {
+		if n := len(k.ReadAll(t, e.Topic, 2, 3*time.Second)); n != 1 {
 			t.Fatalf("main topic has %d records after restart, want 1 (nothing re-sent)", n)
 		}
 		if n := len(k.ReadAll(t, dlq, 2, 3*time.Second)); n != 1 {
 			t.Fatalf("dead-letter topic has %d records after restart, want 1", n)
 		}
-		d.stop()
+		d.Stop()
 	})
 }
 

@@ -33,7 +33,7 @@ func pgTestVersion() string {
 
 // serverEnv is newEnv on a private server: a database of its own on srv,
 // topics on the shared Kafka.
-func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*env, *testenv.KafkaEnv) {
+func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*Env, *testenv.KafkaEnv) {
 	t.Helper()
 	k := testenv.Kafka(t)
 	name := testenv.UniqueName(t.Name())
@@ -45,9 +45,9 @@ func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*env, *te
 	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, dsn: withDatabase(t, srv.DSN, name), brokers: k.Brokers,
-		topic: k.Topic(t, "e2e", partitions), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: withDatabase(t, srv.DSN, name), Brokers: k.Brokers,
+		Topic: k.Topic(t, "e2e", partitions), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	return e, k
 }
 
@@ -63,29 +63,29 @@ func withDatabase(t testing.TB, dsn, db string) string {
 }
 
 // statusJSON runs outboxd status --json on the env's slot.
-func (e *env) statusJSON() statusReport {
-	e.t.Helper()
-	code, out := testproc.Run(e.t, 30*time.Second, binPath, "status", "--json", "--allow-inactive",
-		"--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot)
+func (e *Env) statusJSON() statusReport {
+	e.T.Helper()
+	code, out := testproc.Run(e.T, 30*time.Second, BinPath, "status", "--json", "--allow-inactive",
+		"--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot)
 	var rep statusReport
 	i, j := strings.Index(out, "{"), strings.LastIndex(out, "}")
 	if i < 0 || j < i {
-		e.t.Fatalf("outboxd status --json exited %d without a report:\n%s", code, out)
+		e.T.Fatalf("outboxd status --json exited %d without a report:\n%s", code, out)
 	}
 	if err := json.Unmarshal([]byte(out[i:j+1]), &rep); err != nil {
-		e.t.Fatalf("outboxd status --json exited %d: %v\n%s", code, err, out)
+		e.T.Fatalf("outboxd status --json exited %d: %v\n%s", code, err, out)
 	}
 	return rep
 }
 
 // serverVersionNum is server_version_num of the env's server.
-func (e *env) serverVersionNum() int {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) serverVersionNum() int {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var v int
 	if err := c.QueryRow(context.Background(), `SELECT current_setting('server_version_num')::int`).Scan(&v); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return v
 }
@@ -104,10 +104,10 @@ func TestRunOnPostgresVersion(t *testing.T) {
 		t.Parallel()
 		began := time.Now()
 		e, _ := serverEnv(t, srv, 3)
-		d := e.start()
+		d := e.Start()
 		// The burst first, then the steady load: each key has one writer at
 		// a time, so per key, id order is commit order.
-		if err := e.write(context.Background(), load{writers: 4, aggregates: 200, total: 20_000, maxTxn: 100}); err != nil {
+		if err := e.Write(context.Background(), Load{Writers: 4, Aggregates: 200, Total: 20_000, MaxTxn: 100}); err != nil {
 			t.Fatalf("burst: %v", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
@@ -117,16 +117,16 @@ func TestRunOnPostgresVersion(t *testing.T) {
 		if err := <-steady; err != nil {
 			t.Fatalf("steady load: %v", err)
 		}
-		v, n := e.delivered(60 * time.Second)
+		v, n := e.Delivered(60 * time.Second)
 
 		if e.serverVersionNum() >= 170000 {
 			if failover := e.statusJSON().Slot.Failover; failover == nil || !*failover {
 				t.Errorf("on PostgreSQL %s, outboxd status shows failover %v, want true", version, failover)
 			}
 		}
-		d.stop()
+		d.Stop()
 		t.Logf("PostgreSQL %s: %d rows, %s, in %s", version, n, v, time.Since(began).Round(time.Millisecond))
-		if v != (verdict{}) {
+		if v != (Verdict{}) {
 			t.Fatalf("delivery: %s", v)
 		}
 	})
@@ -146,15 +146,15 @@ func TestRunOnPostgresVersion(t *testing.T) {
 // for holdFor by a slow post-publish hook while the flood goes on. outboxd
 // must deliver everything and confirm past the flood afterwards; the growth of
 // its peak RSS during the hold is logged.
-func emptyTransactionFlood(t *testing.T, e *env, k *testenv.KafkaEnv) {
+func emptyTransactionFlood(t *testing.T, e *Env, k *testenv.KafkaEnv) {
 	const (
 		rate    = 5000 // empty transactions per second, aimed at
 		phase   = 10 * time.Second
 		holdFor = 15 * time.Second
 	)
 	slow := k.Topic(t, "slow", 1)
-	e.exec(`CREATE TABLE noise (n int)`)
-	d := e.start("--hook", fmt.Sprintf("%s=SELECT pg_sleep(%d)", slow, int(holdFor.Seconds())))
+	e.Exec(`CREATE TABLE noise (n int)`)
+	d := e.Start("--hook", fmt.Sprintf("%s=SELECT pg_sleep(%d)", slow, int(holdFor.Seconds())))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -163,31 +163,31 @@ func emptyTransactionFlood(t *testing.T, e *env, k *testenv.KafkaEnv) {
 	go func() { flood <- e.emptyTransactions(ctx, rate) }()
 
 	time.Sleep(phase)
-	base := d.peakRSS()
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('slow', $1, '{}')`, slow)
+	base := d.PeakRSS()
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('slow', $1, '{}')`, slow)
 	time.Sleep(holdFor + 2*time.Second)
-	held := d.peakRSS()
+	held := d.PeakRSS()
 	cancel()
 	// The held event went to its own topic; the rest is checked on e.topic.
-	if got := endOffsets(e.brokers, slow); got != 1 {
+	if got := endOffsets(e.Brokers, slow); got != 1 {
 		t.Errorf("the held event: %d records on its topic, want 1", got)
 	}
-	e.exec(`DELETE FROM outbox WHERE topic = $1`, slow)
+	e.Exec(`DELETE FROM outbox WHERE topic = $1`, slow)
 	empty := <-flood
 	if err := <-steady; err != nil {
 		t.Fatalf("steady load: %v", err)
 	}
-	v, n := e.delivered(60 * time.Second)
+	v, n := e.Delivered(60 * time.Second)
 
 	// Afterwards the slot is confirmed past the flood: the last empty
 	// transactions too (outboxd confirms the server's WAL end when idle).
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var lag int64
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn() - confirmed_flush_lsn
-			FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&lag); err != nil {
+			FROM pg_replication_slots WHERE slot_name = $1`, e.Slot).Scan(&lag); err != nil {
 			t.Fatal(err)
 		}
 		if lag < 64<<10 || time.Now().After(deadline) {
@@ -195,14 +195,14 @@ func emptyTransactionFlood(t *testing.T, e *env, k *testenv.KafkaEnv) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if d.exited() {
-		t.Fatalf("outboxd exited: %s", d.p.Tail(30))
+	if d.Exited() {
+		t.Fatalf("outboxd exited: %s", d.P.Tail(30))
 	}
-	d.stop()
+	d.Stop()
 	growth := held - base
 	t.Logf("%d empty transactions in %s (%.0f/s), %d events: %s; peak RSS %d MiB before the held ack, +%d MiB after %s held; slot lag afterwards %d bytes",
 		empty, phase+holdFor+2*time.Second, float64(empty)/(phase+holdFor+2*time.Second).Seconds(), n, v, base>>20, growth>>20, holdFor, lag)
-	if v != (verdict{}) {
+	if v != (Verdict{}) {
 		t.Errorf("delivery: %s", v)
 	}
 	if lag >= 64<<10 {
@@ -217,15 +217,15 @@ func emptyTransactionFlood(t *testing.T, e *env, k *testenv.KafkaEnv) {
 // emptyTransactions commits about rate transactions per second that touch
 // only table noise (no published table) until ctx ends, and returns how many.
 // Each DO block commits 100 of them in one round trip.
-func (e *env) emptyTransactions(ctx context.Context, rate int) int {
-	c, err := pgx.Connect(context.Background(), e.dsn)
+func (e *Env) emptyTransactions(ctx context.Context, rate int) int {
+	c, err := pgx.Connect(context.Background(), e.DSN)
 	if err != nil {
-		e.t.Error(err)
+		e.T.Error(err)
 		return 0
 	}
 	defer c.Close(context.Background())
 	if _, err := c.Exec(ctx, `SET synchronous_commit = off`); err != nil {
-		e.t.Error(err)
+		e.T.Error(err)
 		return 0
 	}
 	const batch = 100
@@ -236,7 +236,7 @@ func (e *env) emptyTransactions(ctx context.Context, rate int) int {
 		if _, err := c.Exec(ctx, `DO $$ BEGIN FOR i IN 1..`+strconv.Itoa(batch)+` LOOP
 			INSERT INTO noise VALUES (i); COMMIT; END LOOP; END $$`); err != nil {
 			if ctx.Err() == nil {
-				e.t.Errorf("empty transactions: %v", err)
+				e.T.Errorf("empty transactions: %v", err)
 			}
 			break
 		}
@@ -268,11 +268,11 @@ func TestFailoverSlotTakeover(t *testing.T) {
 	}
 	primary := testenv.StartPostgresVersion(t, version)
 	e, _ := serverEnv(t, primary, 3)
-	db := strings.TrimPrefix(mustURL(t, e.dsn).Path, "/")
+	db := strings.TrimPrefix(mustURL(t, e.DSN).Path, "/")
 	standby := primary.StartStandby(testenv.UniqueName("standby"))
-	e.dsn = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
+	e.DSN = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
 		primary.Port, standby.Port, db)
-	d := e.start()
+	d := e.Start()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -291,7 +291,7 @@ func TestFailoverSlotTakeover(t *testing.T) {
 	for {
 		var ready bool
 		err := sc.QueryRow(context.Background(), `SELECT coalesce(bool_or(synced AND NOT temporary AND invalidation_reason IS NULL), false)
-			FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&ready)
+			FROM pg_replication_slots WHERE slot_name = $1`, e.Slot).Scan(&ready)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -299,7 +299,7 @@ func TestFailoverSlotTakeover(t *testing.T) {
 			break
 		}
 		if time.Since(began) > 90*time.Second {
-			t.Fatalf("the standby's copy of slot %s is not ready after 90 s", e.slot)
+			t.Fatalf("the standby's copy of slot %s is not ready after 90 s", e.Slot)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -312,18 +312,18 @@ func TestFailoverSlotTakeover(t *testing.T) {
 		t.Fatalf("promote: %v", err)
 	}
 	promoted := time.Now()
-	base := endOffsets(e.brokers, e.topic)
+	base := endOffsets(e.Brokers, e.Topic)
 	var takeover time.Duration
 	for {
-		if n := endOffsets(e.brokers, e.topic); n > base && base >= 0 {
+		if n := endOffsets(e.Brokers, e.Topic); n > base && base >= 0 {
 			takeover = time.Since(stopped)
 			break
 		}
-		if d.exited() {
-			t.Fatalf("outboxd exited after the failover: %s", d.p.Tail(30))
+		if d.Exited() {
+			t.Fatalf("outboxd exited after the failover: %s", d.P.Tail(30))
 		}
 		if time.Since(promoted) > 60*time.Second {
-			t.Fatalf("outboxd published nothing within 60 s of the promotion: %s", d.p.Tail(30))
+			t.Fatalf("outboxd published nothing within 60 s of the promotion: %s", d.P.Tail(30))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -335,14 +335,14 @@ func TestFailoverSlotTakeover(t *testing.T) {
 		}
 	}
 	e.settle()
-	v, n := e.delivered(60 * time.Second)
-	if d.exited() {
-		t.Fatalf("outboxd exited: %s", d.p.Tail(30))
+	v, n := e.Delivered(60 * time.Second)
+	if d.Exited() {
+		t.Fatalf("outboxd exited: %s", d.P.Tail(30))
 	}
-	d.stop()
+	d.Stop()
 	t.Logf("PostgreSQL %s failover: %d rows, %s; primary stopped → standby promoted in %s, publishing again %s after the stop; restarts %v",
 		version, n, v, promoted.Sub(stopped).Round(time.Millisecond), takeover.Round(time.Millisecond), d.restarts())
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("delivery across the failover: %s", v)
 	}
 }
@@ -360,7 +360,7 @@ func mustURL(t testing.TB, dsn string) *url.URL {
 // over writer w's own aggregates (w, w+writers, ...) until ctx ends, riding
 // out a failover: on an error it reconnects (e.dsn may name several hosts)
 // and writes the next row.
-func (e *env) resilientWriter(ctx context.Context, w, writers, rate int) error {
+func (e *Env) resilientWriter(ctx context.Context, w, writers, rate int) error {
 	var c *pgx.Conn
 	defer func() {
 		if c != nil {
@@ -370,7 +370,7 @@ func (e *env) resilientWriter(ctx context.Context, w, writers, rate int) error {
 	for seq := 0; ctx.Err() == nil; {
 		if c == nil {
 			var err error
-			if c, err = pgx.Connect(ctx, e.dsn); err != nil {
+			if c, err = pgx.Connect(ctx, e.DSN); err != nil {
 				c = nil
 				time.Sleep(100 * time.Millisecond)
 				continue
@@ -378,7 +378,7 @@ func (e *env) resilientWriter(ctx context.Context, w, writers, rate int) error {
 		}
 		agg := fmt.Sprintf("agg-%d", w+writers*(seq%17))
 		_, err := c.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ($1, $2, $3::jsonb)`,
-			agg, e.topic, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq))
+			agg, e.Topic, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq))
 		if err != nil {
 			c.Close(context.Background())
 			c = nil

@@ -19,9 +19,9 @@ import (
 var restartCauseRE = regexp.MustCompile(`restarting pipeline[^\n]*"cause": "([a-z]+)"`)
 
 // restarts counts the pipeline restarts outboxd logged, by cause.
-func (d *daemon) restarts() map[string]int {
+func (d *Daemon) restarts() map[string]int {
 	out := map[string]int{}
-	for _, m := range restartCauseRE.FindAllStringSubmatch(d.out.String(), -1) {
+	for _, m := range restartCauseRE.FindAllStringSubmatch(d.Out.String(), -1) {
 		out[m[1]]++
 	}
 	return out
@@ -107,25 +107,25 @@ func recovery(t *testing.T, brokers []string, topic, probeTopic string, timeout 
 }
 
 // outboxRows is how many rows the test's outbox holds now.
-func (e *env) outboxRows() int64 {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) outboxRows() int64 {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var n int64
 	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return n
 }
 
 // steady is the fault tests' load: single-row transactions at about rate
 // events/s over 50 aggregates, until ctx ends.
-func (e *env) steady(ctx context.Context, rate int) <-chan error {
+func (e *Env) steady(ctx context.Context, rate int) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		const writers = 3
-		err := e.write(ctx, load{writers: writers, aggregates: 50, total: 10_000_000, maxTxn: 1,
-			pause: time.Duration(writers) * time.Second / time.Duration(rate)})
+		err := e.Write(ctx, Load{Writers: writers, Aggregates: 50, Total: 10_000_000, MaxTxn: 1,
+			Pause: time.Duration(writers) * time.Second / time.Duration(rate)})
 		if ctx.Err() != nil {
 			err = nil
 		}
@@ -138,8 +138,8 @@ func (e *env) steady(ctx context.Context, rate int) <-chan error {
 // settle waits until no writer's INSERT still runs in the test's database:
 // a writer cancelled mid-statement returns at once, but its backend may
 // commit the row a moment later, after the rows were read.
-func (e *env) settle() {
-	c, err := pgx.Connect(context.Background(), e.dsn)
+func (e *Env) settle() {
+	c, err := pgx.Connect(context.Background(), e.DSN)
 	if err != nil {
 		return // the check is best effort: delivered reads the rows anyway
 	}
@@ -159,16 +159,16 @@ func (e *env) settle() {
 
 // backlog writes n rows over 200 aggregates in transactions of 1,000 rows,
 // in one session, so per key commit order is id order.
-func (e *env) backlog(n int) {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) backlog(n int) {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	for done := 0; done < n; done += 1000 {
 		_, err := c.Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload)
 			SELECT 'agg-' || (g % 200), $1, jsonb_build_object('seq', g)
-			FROM generate_series($2::int, $3::int) AS g ORDER BY g`, e.topic, done, min(done+1000, n)-1)
+			FROM generate_series($2::int, $3::int) AS g ORDER BY g`, e.Topic, done, min(done+1000, n)-1)
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 	}
 }
@@ -182,38 +182,38 @@ func TestRunBacklogSurvivesKafkaStoppedMidDrain(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("wedge"), slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.topic, 6)
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("wedge"), Slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.Topic, 6)
+	e.Migrate()
 	// The slot must exist before the backlog is written, or it starts after it.
-	d := e.start("--kafka-delivery-timeout", "5s")
-	d.stop()
+	d := e.Start("--kafka-delivery-timeout", "5s")
+	d.Stop()
 	const rows = 200_000
 	e.backlog(rows)
-	d = startDaemon(t, e.args("--kafka-delivery-timeout", "5s")...)
-	waitFor(t, 3*time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) >= 40_000 })
+	d = StartDaemon(t, e.Args("--kafka-delivery-timeout", "5s")...)
+	waitFor(t, 3*time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) >= 40_000 })
 	ks.Stop()
 	stopped := time.Now()
 	for time.Since(stopped) < 20*time.Second {
-		if d.exited() {
-			t.Fatalf("outboxd exited (%d) while Kafka was down", d.code)
+		if d.Exited() {
+			t.Fatalf("outboxd exited (%d) while Kafka was down", d.Code)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 	ks.Start()
-	v, n := e.delivered(5 * time.Minute)
+	v, n := e.Delivered(5 * time.Minute)
 	r := d.restarts()
 	t.Logf("%d-row backlog, Kafka stopped 20 s mid-drain: %s; restarts %v", n, v, r)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != rows {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != rows {
 		t.Fatalf("after Kafka stopped mid-drain: %s (%d rows)", v, n)
 	}
-	if d.exited() {
-		t.Fatalf("outboxd exited (%d)", d.code)
+	if d.Exited() {
+		t.Fatalf("outboxd exited (%d)", d.Code)
 	}
 	if r["kafka"] == 0 {
 		t.Errorf("no restart with cause kafka was logged: the 20 s outage outlasted --kafka-delivery-timeout 5s")
 	}
-	d.stop()
+	d.Stop()
 }
 
 // Ten 10 s broker outages under 300 events/s. Before the fix a
@@ -225,29 +225,29 @@ func TestRunTenShortKafkaOutagesKeepPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("outages"), slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.topic, 6)
+	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("outages"), Slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.Topic, 6)
 	probeTopic := testenv.UniqueName("probe")
 	createTopic(t, ks.Brokers, probeTopic, 1)
-	e.migrate()
-	d := e.start()
+	e.Migrate()
+	d := e.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 300)
-	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) > 300 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > 300 })
 	var stalls []string
 	var longest time.Duration
 	for i := 0; i < 10; i++ {
 		ks.Stop()
 		down := time.Now()
 		for time.Since(down) < 10*time.Second {
-			if d.exited() {
-				t.Fatalf("outage %d: outboxd exited (%d)", i+1, d.code)
+			if d.Exited() {
+				t.Fatalf("outage %d: outboxd exited (%d)", i+1, d.Code)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 		ks.Start()
-		accepted, published := recovery(t, ks.Brokers, e.topic, probeTopic, 2*time.Minute)
+		accepted, published := recovery(t, ks.Brokers, e.Topic, probeTopic, 2*time.Minute)
 		took := published.Sub(accepted)
 		longest = max(longest, took)
 		stalls = append(stalls, took.Round(time.Millisecond).String())
@@ -257,26 +257,26 @@ func TestRunTenShortKafkaOutagesKeepPerKeyOrder(t *testing.T) {
 		// say whether the drain was over).
 		rows := e.outboxRows()
 		waitFor(t, time.Minute, func() bool {
-			if d.exited() {
-				t.Fatalf("after outage %d: outboxd exited (%d)", i+1, d.code)
+			if d.Exited() {
+				t.Fatalf("after outage %d: outboxd exited (%d)", i+1, d.Code)
 			}
-			return endOffsets(ks.Brokers, e.topic) >= rows
+			return endOffsets(ks.Brokers, e.Topic) >= rows
 		})
 	}
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(3 * time.Minute)
+	v, n := e.Delivered(3 * time.Minute)
 	t.Logf("10 outages of 10 s under 300 ev/s, %d events: %s; Kafka accepts → outboxd publishes, per outage: %s (longest %s); restarts %v",
 		n, v, strings.Join(stalls, " "), longest.Round(time.Millisecond), d.restarts())
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("after 10 short outages: %s", v)
 	}
 	if longest > 10*time.Second {
 		t.Errorf("outboxd published again only %s after Kafka accepted produce (target ≤ 2 s)", longest)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // A silent server: the walsender is frozen (SIGSTOP) — the TCP
@@ -286,15 +286,15 @@ func TestRunTenShortKafkaOutagesKeepPerKeyOrder(t *testing.T) {
 // nothing is lost.
 func TestRunRestartsWhenTheWalsenderFreezes(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
-	d := e.start("--server-timeout", "4s")
+	e := NewEnv(t, 3)
+	d := e.Start("--server-timeout", "4s")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 300)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 300 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 300 })
 	var pid int
-	c := e.conn()
-	if err := c.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&pid); err != nil {
+	c := e.Conn()
+	if err := c.QueryRow(context.Background(), `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, e.Slot).Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 	c.Close(context.Background())
@@ -302,25 +302,25 @@ func TestRunRestartsWhenTheWalsenderFreezes(t *testing.T) {
 		t.Fatalf("SIGSTOP walsender %d: %v", pid, err)
 	}
 	frozen := time.Now()
-	d.waitLog("replication server silent", 30*time.Second)
+	d.WaitLog("replication server silent", 30*time.Second)
 	t.Logf("watchdog fired %s after the walsender froze (--server-timeout 4s)", time.Since(frozen).Round(100*time.Millisecond))
 	// The frozen walsender still holds the slot: terminate it, as the server
 	// would once wal_sender_timeout passed, and let it go.
-	e.exec(`SELECT pg_terminate_backend($1)`, pid)
+	e.Exec(`SELECT pg_terminate_backend($1)`, pid)
 	_ = syscall.Kill(pid, syscall.SIGCONT)
-	waitFor(t, time.Minute, func() bool { return strings.Count(d.out.String(), "streaming") >= 2 })
+	waitFor(t, time.Minute, func() bool { return strings.Count(d.Out.String(), "streaming") >= 2 })
 	time.Sleep(2 * time.Second)
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(2 * time.Minute)
+	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("walsender frozen under 300 ev/s, %d events: %s; restarts %v", n, v, d.restarts())
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("after a frozen walsender: %s", v)
 	}
 	if d.restarts()["postgres"] == 0 {
 		t.Errorf("no restart with cause postgres")
 	}
-	d.stop()
+	d.Stop()
 }

@@ -90,9 +90,9 @@ func consumerDecoded(t *testing.T, cl *sr.Client, m *sarama.ConsumerMessage) *co
 	return got
 }
 
-func insertTyped(t *testing.T, e *env, payload string) {
+func insertTyped(t *testing.T, e *Env, payload string) {
 	t.Helper()
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, event_type, created_at) VALUES ('k', $1, $2::jsonb, 'shop.OrderCreated', '2026-12-02 09:00:00.5+00')`, e.topic, payload)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, event_type, created_at) VALUES ('k', $1, $2::jsonb, 'shop.OrderCreated', '2026-12-02 09:00:00.5+00')`, e.Topic, payload)
 }
 
 // TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit: outboxd run
@@ -103,19 +103,19 @@ func insertTyped(t *testing.T, e *env, payload string) {
 // reason, and the stream goes on.
 func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	e.exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
+	e := NewEnv(t, 1)
+	e.Exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
-	id := createSchema(t, cl, e.topic+"-value", sr.Schema{Schema: orderAvro})
+	id := createSchema(t, cl, e.Topic+"-value", sr.Schema{Schema: orderAvro})
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
-	d := e.start("--value-format", "avro", "--schema-registry-url", reg.URL,
+	d := e.Start("--value-format", "avro", "--schema-registry-url", reg.URL,
 		"--cloudevents", "binary", "--cloudevents-source", "/shop/orders", "--dead-letter-topic", dlq)
 	insertTyped(t, e, `{"n": 1, "at": "2026-12-02T09:00:00.5Z", "note": "first"}`)
 	insertTyped(t, e, `{"n": "two", "at": 0}`)
 	insertTyped(t, e, `{"n": 3, "at": 1796202000500}`)
 
-	msgs := testenv.Kafka(t).ReadAll(t, e.topic, 2, 60*time.Second)
+	msgs := testenv.Kafka(t).ReadAll(t, e.Topic, 2, 60*time.Second)
 	for i, m := range msgs {
 		wantN := []int{1, 3}[i]
 		ref := referenceAvro(t, cl, m.Value)
@@ -127,19 +127,19 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 			t.Fatalf("consumer decoded %+v", got.Value)
 		}
 		ce := got.CloudEvent
-		if ce == nil || ce.Mode != format.Binary || ce.SpecVersion != "1.0" || ce.ID != header(m, "outbox-id") || ce.Source != "/shop/orders" ||
+		if ce == nil || ce.Mode != format.Binary || ce.SpecVersion != "1.0" || ce.ID != Header(m, "outbox-id") || ce.Source != "/shop/orders" ||
 			ce.Type != "shop.OrderCreated" || ce.Time != "2026-12-02T09:00:00.5Z" || ce.DataContentType != "application/avro" {
 			t.Fatalf("cloudevent %+v, headers %q", ce, headerPairs(m))
 		}
 	}
 	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 60*time.Second)
-	if reason := header(dead[0], "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") || !strings.Contains(reason, "$.n") {
+	if reason := Header(dead[0], "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") || !strings.Contains(reason, "$.n") {
 		t.Fatalf("dead-letter reason %q, want the schema mismatch", reason)
 	}
 	if !strings.Contains(string(dead[0].Value), `\"two\"`) {
 		t.Fatalf("dead-letter value %s, want the row's payload", dead[0].Value)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestRunAvroBadPayloadHaltsNamingTheSkip: without a dead-letter topic a
@@ -147,29 +147,29 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 // skips it; restarted with it, the next row is published.
 func TestRunAvroBadPayloadHaltsNamingTheSkip(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	e.exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
+	e := NewEnv(t, 1)
+	e.Exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
-	createSchema(t, cl, e.topic+"-value", sr.Schema{Schema: orderAvro})
+	createSchema(t, cl, e.Topic+"-value", sr.Schema{Schema: orderAvro})
 	args := []string{"--value-format", "avro", "--schema-registry-url", reg.URL}
-	d := e.start(args...)
+	d := e.Start(args...)
 	insertTyped(t, e, `{"n": 1, "at": 0, "extra": true}`)
 	insertTyped(t, e, `{"n": 2, "at": 0}`)
-	if code := d.wait(60 * time.Second); code == 0 {
+	if code := d.Wait(60 * time.Second); code == 0 {
 		t.Fatal("outboxd exited 0, want a halt")
 	}
-	out := d.out.String()
+	out := d.Out.String()
 	m := regexp.MustCompile(`start outboxd again with( --skip-bad-event [0-9A-F]+/[0-9A-F]+);`).FindStringSubmatch(out)
 	if m == nil || !strings.Contains(out, "has no such field") {
 		t.Fatalf("halt without --skip-bad-event and the reason:\n%s", out)
 	}
-	d = e.start(append(args, strings.Fields(m[1])...)...)
-	got := testenv.Kafka(t).ReadAll(t, e.topic, 1, 60*time.Second)
+	d = e.Start(append(args, strings.Fields(m[1])...)...)
+	got := testenv.Kafka(t).ReadAll(t, e.Topic, 1, 60*time.Second)
 	if v := referenceAvro(t, cl, got[0].Value); v["n"] != 2 {
 		t.Fatalf("after the skip: %v, want n=2", v)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestRunAvroRegistryDownAtStart: with the registry down, outboxd keeps
@@ -177,31 +177,31 @@ func TestRunAvroBadPayloadHaltsNamingTheSkip(t *testing.T) {
 // in-memory registry starts empty) every row arrives, none lost.
 func TestRunAvroRegistryDownAtStart(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	reg := testenv.StartRegistry(t)
 	reg.Stop()
 	schema := filepath.Join(t.TempDir(), "order.avsc")
 	if err := os.WriteFile(schema, []byte(orderAvro), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := e.start("--value-format", "avro", "--schema-registry-url", reg.URL,
+	d := e.Start("--value-format", "avro", "--schema-registry-url", reg.URL,
 		"--auto-register-schemas", "--value-schema-file", schema)
 	for i := 1; i <= 3; i++ {
-		e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int, 'at', 0))`, e.topic, i)
+		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int, 'at', 0))`, e.Topic, i)
 	}
-	d.waitLog("schema registry", 60*time.Second) // a session failed on it, and restarts
-	if d.exited() {
-		t.Fatalf("outboxd exited with the registry down:\n%s", d.out.String())
+	d.WaitLog("schema registry", 60*time.Second) // a session failed on it, and restarts
+	if d.Exited() {
+		t.Fatalf("outboxd exited with the registry down:\n%s", d.Out.String())
 	}
 	reg.Start()
 	cl := registryClient(t, reg.URL)
-	got := testenv.Kafka(t).ReadAll(t, e.topic, 3, 90*time.Second)
+	got := testenv.Kafka(t).ReadAll(t, e.Topic, 3, 90*time.Second)
 	for i, m := range got {
 		if v := referenceAvro(t, cl, m.Value); v["n"] != i+1 {
 			t.Fatalf("record %d: %v", i, v)
 		}
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestRunAvroNewVersionAndRegistryDownMidStream: a compatible new version
@@ -210,22 +210,22 @@ func TestRunAvroRegistryDownAtStart(t *testing.T) {
 // encode, exiting never), and once it is back every row arrives in order.
 func TestRunAvroNewVersionAndRegistryDownMidStream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	reg := testenv.StartRegistry(t)
 	schema := filepath.Join(t.TempDir(), "order.avsc")
 	if err := os.WriteFile(schema, []byte(orderAvro), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := e.start("--value-format", "avro", "--schema-registry-url", reg.URL, "--schema-cache-ttl", "1ms",
+	d := e.Start("--value-format", "avro", "--schema-registry-url", reg.URL, "--schema-cache-ttl", "1ms",
 		"--auto-register-schemas", "--value-schema-file", schema)
 	cl := registryClient(t, reg.URL)
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 1, "at": 0}')`, e.topic)
-	testenv.Kafka(t).ReadAll(t, e.topic, 1, 60*time.Second)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 1, "at": 0}')`, e.Topic)
+	testenv.Kafka(t).ReadAll(t, e.Topic, 1, 60*time.Second)
 
 	v2 := strings.Replace(orderAvro, `{"name":"n","type":"int"},`, `{"name":"n","type":"int"},{"name":"tag","type":"string","default":""},`, 1)
-	createSchema(t, cl, e.topic+"-value", sr.Schema{Schema: v2})
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 2, "at": 0, "tag": "v2"}')`, e.topic)
-	before := testenv.Kafka(t).ReadAll(t, e.topic, 2, 60*time.Second)
+	createSchema(t, cl, e.Topic+"-value", sr.Schema{Schema: v2})
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 2, "at": 0, "tag": "v2"}')`, e.Topic)
+	before := testenv.Kafka(t).ReadAll(t, e.Topic, 2, 60*time.Second)
 	if referenceAvro(t, cl, before[0].Value)["n"] != 1 || referenceAvro(t, cl, before[1].Value)["tag"] != "v2" {
 		t.Fatal("the new version was not used")
 	}
@@ -235,12 +235,12 @@ func TestRunAvroNewVersionAndRegistryDownMidStream(t *testing.T) {
 	// so a row 2 sent again after the restart does not fit it and halts
 	// (a bad payload) — what a CI run did, under load, as the test's loop
 	// waited for a third record.
-	e.waitConfirmed(30 * time.Second)
+	e.WaitConfirmed(30 * time.Second)
 	reg.Stop()
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 3, "at": 0}')`, e.topic)
-	d.waitLog("schema registry", 60*time.Second)
-	if d.exited() {
-		t.Fatalf("outboxd exited with the registry down:\n%s", d.out.String())
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 3, "at": 0}')`, e.Topic)
+	d.WaitLog("schema registry", 60*time.Second)
+	if d.Exited() {
+		t.Fatalf("outboxd exited with the registry down:\n%s", d.Out.String())
 	}
 	reg.Start() // empty again (in memory): outboxd registers its schema file
 	// At least once: a restart may send again what was not confirmed yet;
@@ -248,12 +248,12 @@ func TestRunAvroNewVersionAndRegistryDownMidStream(t *testing.T) {
 	// Bounded: a CI run looped here for 21 min after outboxd had exited.
 	var distinct [][]byte
 	for want := 3; len(distinct) < 3; want++ {
-		if d.exited() || want > 20 {
-			t.Fatalf("after the registry came back: %d distinct records of 3 (exited %v, code %d):\n%s", len(distinct), d.exited(), d.code, d.out.String())
+		if d.Exited() || want > 20 {
+			t.Fatalf("after the registry came back: %d distinct records of 3 (exited %v, code %d):\n%s", len(distinct), d.Exited(), d.Code, d.Out.String())
 		}
 		seen := map[string]bool{}
 		distinct = nil
-		for _, m := range testenv.Kafka(t).ReadAll(t, e.topic, want, 30*time.Second) {
+		for _, m := range testenv.Kafka(t).ReadAll(t, e.Topic, want, 30*time.Second) {
 			if !seen[string(m.Value)] {
 				seen[string(m.Value)] = true
 				distinct = append(distinct, m.Value)
@@ -266,5 +266,5 @@ func TestRunAvroNewVersionAndRegistryDownMidStream(t *testing.T) {
 		referenceAvro(t, cl, distinct[2])["n"] != 3 {
 		t.Fatal("want every row, in order")
 	}
-	d.stop()
+	d.Stop()
 }

@@ -27,7 +27,7 @@ import (
 	"github.com/outboxd/outboxd/migrations"
 )
 
-var binPath string
+var BinPath string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -50,7 +50,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build outboxd:", err)
 		os.Exit(1)
 	}
-	binPath = bins["outboxd"]
+	BinPath = bins["outboxd"]
 	code := m.Run()
 	testenv.StopRegistry()
 	os.RemoveAll(dir)
@@ -58,39 +58,39 @@ func TestMain(m *testing.M) {
 }
 
 // daemon is one outboxd process, run by testproc.
-type daemon struct {
-	t   testing.TB
-	p   *testproc.Proc
-	out output // what it printed: d.out.String()
+type Daemon struct {
+	T   testing.TB
+	P   *testproc.Proc
+	Out Output // what it printed: d.out.String()
 	// code is the exit code, set before done is closed (so it may be read
 	// once exited or wait saw the exit).
-	code int
+	Code int
 	done chan struct{}
 }
 
 // startDaemon starts outboxd with args (and no OUTBOXD_* environment); it
 // is killed at cleanup if still running.
-func startDaemon(t testing.TB, args ...string) *daemon {
+func StartDaemon(t testing.TB, args ...string) *Daemon {
 	t.Helper()
-	p := testproc.Start(t, binPath, args...)
-	d := &daemon{t: t, p: p, out: output{p}, done: make(chan struct{})}
+	p := testproc.Start(t, BinPath, args...)
+	d := &Daemon{T: t, P: p, Out: Output{p}, done: make(chan struct{})}
 	go func() {
 		<-p.Done()
-		d.code = p.ExitCode()
+		d.Code = p.ExitCode()
 		close(d.done)
 	}()
 	return d
 }
 
 // output is a process's output so far as a fmt.Stringer.
-type output struct{ p *testproc.Proc }
+type Output struct{ p *testproc.Proc }
 
-func (o output) String() string { return o.p.Output() }
+func (o Output) String() string { return o.p.Output() }
 
-func (d *daemon) pid() int { return d.p.PID() }
+func (d *Daemon) PID() int { return d.P.PID() }
 
-func (d *daemon) exited() bool {
-	if !d.p.Exited() {
+func (d *Daemon) Exited() bool {
+	if !d.P.Exited() {
 		return false
 	}
 	<-d.done // d.code is set
@@ -98,147 +98,147 @@ func (d *daemon) exited() bool {
 }
 
 // wait waits for the process to exit and returns its exit code.
-func (d *daemon) wait(timeout time.Duration) int {
-	d.t.Helper()
-	d.p.Wait(timeout)
+func (d *Daemon) Wait(timeout time.Duration) int {
+	d.T.Helper()
+	d.P.Wait(timeout)
 	<-d.done
-	return d.code
+	return d.Code
 }
 
-func (d *daemon) kill9() {
-	d.t.Helper()
-	_ = d.p.Kill()
-	d.wait(10 * time.Second)
+func (d *Daemon) Kill9() {
+	d.T.Helper()
+	_ = d.P.Kill()
+	d.Wait(10 * time.Second)
 }
 
 // stop sends SIGTERM and asserts a clean exit.
-func (d *daemon) stop() {
-	d.t.Helper()
-	_ = d.p.Signal(syscall.SIGTERM)
-	if code := d.wait(60 * time.Second); code != 0 {
-		d.t.Fatalf("outboxd exited %d after SIGTERM, want 0", code)
+func (d *Daemon) Stop() {
+	d.T.Helper()
+	_ = d.P.Signal(syscall.SIGTERM)
+	if code := d.Wait(60 * time.Second); code != 0 {
+		d.T.Fatalf("outboxd exited %d after SIGTERM, want 0", code)
 	}
 }
 
 // waitLog waits until the output contains s.
-func (d *daemon) waitLog(s string, timeout time.Duration) {
-	d.t.Helper()
-	d.p.WaitOutput(s, timeout)
+func (d *Daemon) WaitLog(s string, timeout time.Duration) {
+	d.T.Helper()
+	d.P.WaitOutput(s, timeout)
 }
 
 // peakRSS is the process's peak resident set size in bytes (-1 if unknown).
-func (d *daemon) peakRSS() int64 {
-	rss, err := testproc.PeakRSS(d.pid())
+func (d *Daemon) PeakRSS() int64 {
+	rss, err := testproc.PeakRSS(d.PID())
 	if err != nil {
 		return -1
 	}
 	return rss
 }
 
-// env is one test's outbox: its own database, slot, publication and topic.
-type env struct {
-	t       testing.TB
-	dsn     string
-	brokers []string
-	topic   string
-	slot    string
+// Env is one test's outbox: its own database, slot, publication and topic.
+type Env struct {
+	T       testing.TB
+	DSN     string
+	Brokers []string
+	Topic   string
+	Slot    string
 }
 
-func newEnv(t testing.TB, partitions int32) *env {
+func NewEnv(t testing.TB, partitions int32) *Env {
 	t.Helper()
 	pg := testenv.Postgres(t)
 	k := testenv.Kafka(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: k.Brokers, topic: k.Topic(t, "e2e", partitions), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "e2e", partitions), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	return e
 }
 
-func (e *env) migrate() {
-	e.t.Helper()
-	conn := e.conn()
+func (e *Env) Migrate() {
+	e.T.Helper()
+	conn := e.Conn()
 	defer conn.Close(context.Background())
 	if _, err := migrations.Apply(context.Background(), conn, zap.NewNop()); err != nil {
-		e.t.Fatalf("migrate: %v", err)
+		e.T.Fatalf("migrate: %v", err)
 	}
 }
 
-func (e *env) conn() *pgx.Conn {
-	e.t.Helper()
+func (e *Env) Conn() *pgx.Conn {
+	e.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := pgx.Connect(ctx, e.dsn)
+	c, err := pgx.Connect(ctx, e.DSN)
 	if err != nil {
-		e.t.Fatalf("connect: %v", err)
+		e.T.Fatalf("connect: %v", err)
 	}
 	return c
 }
 
-func (e *env) exec(sql string, args ...any) {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) Exec(sql string, args ...any) {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	if _, err := c.Exec(context.Background(), sql, args...); err != nil {
-		e.t.Fatalf("%s: %v", sql, err)
+		e.T.Fatalf("%s: %v", sql, err)
 	}
 }
 
 // waitConfirmed waits until the slot has confirmed everything written
 // before the call (pg_current_wal_lsn() then), polling with a deadline.
-func (e *env) waitConfirmed(timeout time.Duration) {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) WaitConfirmed(timeout time.Duration) {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	var target string
 	if err := c.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&target); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	deadline := time.Now().Add(timeout)
 	for {
 		var caught bool
-		if err := c.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, e.slot, target).Scan(&caught); err != nil {
-			e.t.Fatal(err)
+		if err := c.QueryRow(ctx, `SELECT confirmed_flush_lsn >= $2::pg_lsn FROM pg_replication_slots WHERE slot_name = $1`, e.Slot, target).Scan(&caught); err != nil {
+			e.T.Fatal(err)
 		}
 		if caught {
 			return
 		}
 		if time.Now().After(deadline) {
-			e.t.Fatalf("confirmed_flush_lsn of slot %s did not reach %s within %s", e.slot, target, timeout)
+			e.T.Fatalf("confirmed_flush_lsn of slot %s did not reach %s within %s", e.Slot, target, timeout)
 		}
 		time.Sleep(100 * time.Millisecond) // polling a condition with a deadline
 	}
 }
 
-func (e *env) args(extra ...string) []string {
-	a := []string{"run", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
-		"--slot", e.slot, "--publication", e.slot, "--status-interval", "200ms",
+func (e *Env) Args(extra ...string) []string {
+	a := []string{"run", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","),
+		"--slot", e.Slot, "--publication", e.Slot, "--status-interval", "200ms",
 		"--restart-backoff-min", "200ms", "--restart-backoff-max", "2s", "--standby-poll-interval", "500ms"}
 	return append(a, extra...)
 }
 
-func (e *env) start(extra ...string) *daemon {
-	e.t.Helper()
-	d := startDaemon(e.t, e.args(extra...)...)
-	d.waitLog("streaming", 60*time.Second)
+func (e *Env) Start(extra ...string) *Daemon {
+	e.T.Helper()
+	d := StartDaemon(e.T, e.Args(extra...)...)
+	d.WaitLog("streaming", 60*time.Second)
 	return d
 }
 
 // load writes total outbox rows from writers concurrent writers, each owning
 // its own aggregates (so per key, commit order is id order), in transactions
 // of 1..maxTxn rows.
-type load struct {
-	writers, aggregates, total, maxTxn int
-	pause                              time.Duration // between transactions
+type Load struct {
+	Writers, Aggregates, Total, MaxTxn int
+	Pause                              time.Duration // between transactions
 }
 
-func (e *env) write(ctx context.Context, l load) error {
+func (e *Env) Write(ctx context.Context, l Load) error {
 	var wg sync.WaitGroup
-	errs := make(chan error, l.writers)
-	per := l.total / l.writers
-	for w := 0; w < l.writers; w++ {
+	errs := make(chan error, l.Writers)
+	per := l.Total / l.Writers
+	for w := 0; w < l.Writers; w++ {
 		n := per
-		if w == l.writers-1 {
-			n = l.total - per*(l.writers-1)
+		if w == l.Writers-1 {
+			n = l.Total - per*(l.Writers-1)
 		}
 		wg.Add(1)
 		go func() {
@@ -256,8 +256,8 @@ func (e *env) write(ctx context.Context, l load) error {
 	return nil
 }
 
-func (e *env) writer(ctx context.Context, w, n int, l load) error {
-	conn, err := pgx.Connect(ctx, e.dsn)
+func (e *Env) writer(ctx context.Context, w, n int, l Load) error {
+	conn, err := pgx.Connect(ctx, e.DSN)
 	if err != nil {
 		return err
 	}
@@ -265,59 +265,59 @@ func (e *env) writer(ctx context.Context, w, n int, l load) error {
 	rng := rand.New(rand.NewPCG(uint64(w), 42))
 	seq := 0
 	for seq < n {
-		size := min(1+rng.IntN(l.maxTxn), n-seq)
+		size := min(1+rng.IntN(l.MaxTxn), n-seq)
 		aggs := make([]string, size)
 		payloads := make([]string, size)
 		for i := range size {
-			a := w + l.writers*rng.IntN(max(1, l.aggregates/l.writers))
+			a := w + l.Writers*rng.IntN(max(1, l.Aggregates/l.Writers))
 			aggs[i] = fmt.Sprintf("agg-%d", a)
 			payloads[i] = fmt.Sprintf(`{"writer": %d, "seq": %d, "note": "ünïcode \"quoted\""}`, w, seq+i)
 		}
 		_, err := conn.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload)
 			SELECT a, $1, p::jsonb FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS t(a, p, o) ORDER BY o`,
-			e.topic, aggs, payloads)
+			e.Topic, aggs, payloads)
 		if err != nil {
 			return fmt.Errorf("writer %d: %w", w, err)
 		}
 		seq += size
-		if l.pause > 0 {
-			time.Sleep(l.pause)
+		if l.Pause > 0 {
+			time.Sleep(l.Pause)
 		}
 	}
 	return nil
 }
 
 // row is an outbox row as stored.
-type row struct {
-	agg, payload, topic string
+type Row struct {
+	Agg, Payload, Topic string
 }
 
-func (e *env) rows() map[int64]row {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) Rows() map[int64]Row {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	rs, err := c.Query(context.Background(), `SELECT id, aggregate_id, payload::text, topic FROM outbox`)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	out := map[int64]row{}
+	out := map[int64]Row{}
 	for rs.Next() {
 		var id int64
-		var r row
-		if err := rs.Scan(&id, &r.agg, &r.payload, &r.topic); err != nil {
-			e.t.Fatal(err)
+		var r Row
+		if err := rs.Scan(&id, &r.Agg, &r.Payload, &r.Topic); err != nil {
+			e.T.Fatal(err)
 		}
 		out[id] = r
 	}
 	if rs.Err() != nil {
-		e.t.Fatal(rs.Err())
+		e.T.Fatal(rs.Err())
 	}
 	return out
 }
 
 // consume reads topic from the oldest offset until every id in want was seen
 // and nothing new arrived for quiet, or timeout.
-func consume(t testing.TB, brokers []string, topic string, want map[int64]row, timeout time.Duration) []*sarama.ConsumerMessage {
+func Consume(t testing.TB, brokers []string, topic string, want map[int64]Row, timeout time.Duration) []*sarama.ConsumerMessage {
 	t.Helper()
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V4_1_0_0
@@ -358,7 +358,7 @@ func consume(t testing.TB, brokers []string, topic string, want map[int64]row, t
 		select {
 		case m := <-msgs:
 			got = append(got, m)
-			if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+			if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
 				seen[id] = true
 			}
 		case <-q:
@@ -370,7 +370,7 @@ func consume(t testing.TB, brokers []string, topic string, want map[int64]row, t
 	}
 }
 
-func header(m *sarama.ConsumerMessage, key string) string {
+func Header(m *sarama.ConsumerMessage, key string) string {
 	for _, h := range m.Headers {
 		if string(h.Key) == key {
 			return string(h.Value)
@@ -380,7 +380,7 @@ func header(m *sarama.ConsumerMessage, key string) string {
 }
 
 // ranges prints sorted ids as "a-b c-d ..." (first 20 runs).
-func ranges(ids []int64) string {
+func Ranges(ids []int64) string {
 	var b strings.Builder
 	runs := 0
 	for i := 0; i < len(ids) && runs < 20; runs++ {
@@ -396,26 +396,26 @@ func ranges(ids []int64) string {
 
 // delivered reads the test's topic until every outbox row arrived (or
 // timeout) and returns the verdict and the number of rows.
-func (e *env) delivered(timeout time.Duration) (verdict, int) {
-	e.t.Helper()
-	want := e.rows()
-	return verify(e.t, want, consume(e.t, e.brokers, e.topic, want, timeout)), len(want)
+func (e *Env) Delivered(timeout time.Duration) (Verdict, int) {
+	e.T.Helper()
+	want := e.Rows()
+	return Verify(e.T, want, Consume(e.T, e.Brokers, e.Topic, want, timeout)), len(want)
 }
 
-type verdict struct {
-	lost, duplicated, reordered, corrupt int
+type Verdict struct {
+	Lost, Duplicated, Reordered, Corrupt int
 }
 
-func (v verdict) String() string {
-	return fmt.Sprintf("lost=%d duplicated=%d reordered=%d corrupt=%d", v.lost, v.duplicated, v.reordered, v.corrupt)
+func (v Verdict) String() string {
+	return fmt.Sprintf("lost=%d duplicated=%d reordered=%d corrupt=%d", v.Lost, v.Duplicated, v.Reordered, v.Corrupt)
 }
 
 // verify compares what Kafka holds with the outbox: every row present with
 // key, value and headers byte-exact; per key, first deliveries in id order
 // (= commit order, since each key has one sequential writer).
-func verify(t testing.TB, want map[int64]row, got []*sarama.ConsumerMessage) verdict {
+func Verify(t testing.TB, want map[int64]Row, got []*sarama.ConsumerMessage) Verdict {
 	t.Helper()
-	var v verdict
+	var v Verdict
 	seen := map[int64]int{}
 	// Per partition in offset order; keys never span partitions.
 	byPart := map[int32][]*sarama.ConsumerMessage{}
@@ -425,42 +425,42 @@ func verify(t testing.TB, want map[int64]row, got []*sarama.ConsumerMessage) ver
 	for _, ms := range byPart {
 		maxID := map[string]int64{}
 		for _, m := range ms {
-			id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64)
+			id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64)
 			r, ok := want[id]
 			if err != nil || !ok {
-				if v.corrupt < 3 {
-					t.Logf("record with unknown outbox id %q at %s/%d@%d: key %q value %q", header(m, "outbox-id"), m.Topic, m.Partition, m.Offset, m.Key, m.Value)
+				if v.Corrupt < 3 {
+					t.Logf("record with unknown outbox id %q at %s/%d@%d: key %q value %q", Header(m, "outbox-id"), m.Topic, m.Partition, m.Offset, m.Key, m.Value)
 				}
-				v.corrupt++
+				v.Corrupt++
 				continue
 			}
-			if string(m.Key) != r.agg || string(m.Value) != r.payload || header(m, "aggregate-id") != r.agg {
-				if v.corrupt < 3 {
-					t.Logf("corrupt record id %d: key %q value %q, want %q %q", id, m.Key, m.Value, r.agg, r.payload)
+			if string(m.Key) != r.Agg || string(m.Value) != r.Payload || Header(m, "aggregate-id") != r.Agg {
+				if v.Corrupt < 3 {
+					t.Logf("corrupt record id %d: key %q value %q, want %q %q", id, m.Key, m.Value, r.Agg, r.Payload)
 				}
-				v.corrupt++
+				v.Corrupt++
 			}
 			seen[id]++
 			if seen[id] > 1 {
-				v.duplicated++
+				v.Duplicated++
 				continue
 			}
-			if id < maxID[r.agg] {
-				v.reordered++
+			if id < maxID[r.Agg] {
+				v.Reordered++
 			}
-			maxID[r.agg] = max(maxID[r.agg], id)
+			maxID[r.Agg] = max(maxID[r.Agg], id)
 		}
 	}
 	var missing []int64
 	for id := range want {
 		if seen[id] == 0 {
-			v.lost++
+			v.Lost++
 			missing = append(missing, id)
 		}
 	}
 	if len(missing) > 0 {
 		slices.Sort(missing)
-		t.Logf("missing ids: %s", ranges(missing))
+		t.Logf("missing ids: %s", Ranges(missing))
 	}
 	return v
 }

@@ -11,32 +11,32 @@ import (
 
 // hookEnv has a hook_orders table and a hook that marks an order sent once its
 // event is in Kafka. The hook fails while hook_block has a row.
-func hookEnv(t *testing.T) (*env, string) {
-	e := newEnv(t, 1)
-	e.exec(`CREATE TABLE hook_orders (id bigint primary key, status text not null)`)
-	e.exec(`CREATE TABLE hook_block (reason text)`)
-	e.exec(`CREATE FUNCTION mark_sent(agg text) RETURNS void LANGUAGE plpgsql AS $$
+func hookEnv(t *testing.T) (*Env, string) {
+	e := NewEnv(t, 1)
+	e.Exec(`CREATE TABLE hook_orders (id bigint primary key, status text not null)`)
+	e.Exec(`CREATE TABLE hook_block (reason text)`)
+	e.Exec(`CREATE FUNCTION mark_sent(agg text) RETURNS void LANGUAGE plpgsql AS $$
 		BEGIN
 			IF EXISTS (SELECT 1 FROM hook_block) THEN RAISE EXCEPTION 'hook blocked'; END IF;
 			UPDATE hook_orders SET status = 'sent_to_establishment' WHERE 'order-' || id = agg;
 		END $$`)
-	return e, e.topic + "=SELECT mark_sent($1)"
+	return e, e.Topic + "=SELECT mark_sent($1)"
 }
 
-func (e *env) status(id int) string {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) status(id int) string {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var s string
 	if err := c.QueryRow(context.Background(), `SELECT status FROM hook_orders WHERE id = $1`, id).Scan(&s); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return s
 }
 
-func (e *env) order(id int, topic string) {
-	e.t.Helper()
-	e.exec(`WITH o AS (INSERT INTO hook_orders VALUES ($1, 'created') RETURNING id)
+func (e *Env) order(id int, topic string) {
+	e.T.Helper()
+	e.Exec(`WITH o AS (INSERT INTO hook_orders VALUES ($1, 'created') RETURNING id)
 		INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'order-' || id, $2, '{"status": "created"}' FROM o`, id, topic)
 }
 
@@ -47,28 +47,28 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 	t.Run("publish and hook succeed", func(t *testing.T) {
 		t.Parallel()
 		e, hook := hookEnv(t)
-		d := e.start("--hook", hook)
-		e.order(1, e.topic)
-		if got := len(k.ReadAll(t, e.topic, 1, 30*time.Second)); got != 1 {
+		d := e.Start("--hook", hook)
+		e.order(1, e.Topic)
+		if got := len(k.ReadAll(t, e.Topic, 1, 30*time.Second)); got != 1 {
 			t.Fatalf("%d records, want 1", got)
 		}
 		waitFor(t, 30*time.Second, func() bool { return e.status(1) == "sent_to_establishment" })
-		d.stop()
+		d.Stop()
 		// Confirmed: a restart publishes nothing again.
-		d = e.start("--hook", hook)
+		d = e.Start("--hook", hook)
 		time.Sleep(2 * time.Second)
-		if got := len(k.ReadAll(t, e.topic, 2, 2*time.Second)); got != 1 {
+		if got := len(k.ReadAll(t, e.Topic, 2, 2*time.Second)); got != 1 {
 			t.Fatalf("%d records after restart, want 1", got)
 		}
-		d.stop()
+		d.Stop()
 	})
 	t.Run("publish fails: hook does not run", func(t *testing.T) {
 		t.Parallel()
 		e, hook := hookEnv(t)
 		missing := testenv.UniqueName("missing")
-		d := e.start("--hook", hook, "--hook", missing+"=SELECT mark_sent($1)")
+		d := e.Start("--hook", hook, "--hook", missing+"=SELECT mark_sent($1)")
 		e.order(1, missing) // a topic that does not exist: poison, halts
-		if code := d.wait(60 * time.Second); code != 1 {
+		if code := d.Wait(60 * time.Second); code != 1 {
 			t.Fatalf("exit %d, want 1", code)
 		}
 		if s := e.status(1); s != "created" {
@@ -78,30 +78,30 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 	t.Run("publish ok, hook fails: retried, never skipped", func(t *testing.T) {
 		t.Parallel()
 		e, hook := hookEnv(t)
-		e.exec(`INSERT INTO hook_block VALUES ('test')`)
-		d := e.start("--hook", hook)
-		e.order(1, e.topic)
-		d.waitLog("post-publish hook failed", 30*time.Second)
+		e.Exec(`INSERT INTO hook_block VALUES ('test')`)
+		d := e.Start("--hook", hook)
+		e.order(1, e.Topic)
+		d.WaitLog("post-publish hook failed", 30*time.Second)
 		if s := e.status(1); s != "created" {
 			t.Fatalf("status %q while the hook fails", s)
 		}
-		e.exec(`DELETE FROM hook_block`)
+		e.Exec(`DELETE FROM hook_block`)
 		waitFor(t, 30*time.Second, func() bool { return e.status(1) == "sent_to_establishment" })
-		n := len(k.ReadAll(t, e.topic, 100, 3*time.Second))
+		n := len(k.ReadAll(t, e.Topic, 100, 3*time.Second))
 		t.Logf("hook failed then succeeded: event published %d times (re-published on each retry)", n)
 		if n < 2 {
 			t.Fatalf("event published %d times, want ≥ 2 (once per attempt)", n)
 		}
-		if !strings.Contains(d.out.String(), `"cause": "hook"`) {
+		if !strings.Contains(d.Out.String(), `"cause": "hook"`) {
 			t.Errorf("restart cause hook not logged")
 		}
-		d.stop()
+		d.Stop()
 	})
 	t.Run("topic without a hook", func(t *testing.T) {
 		t.Parallel()
 		e, _ := hookEnv(t)
 		other := k.Topic(t, "nohook", 1)
-		d := e.start("--hook", other+"-x=SELECT mark_sent($1)")
+		d := e.Start("--hook", other+"-x=SELECT mark_sent($1)")
 		e.order(1, other)
 		if got := len(k.ReadAll(t, other, 1, 30*time.Second)); got != 1 {
 			t.Fatalf("%d records, want 1", got)
@@ -110,7 +110,7 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 		if s := e.status(1); s != "created" {
 			t.Fatalf("status %q: a hook ran for a topic without one", s)
 		}
-		d.stop()
+		d.Stop()
 	})
 }
 

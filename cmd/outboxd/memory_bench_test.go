@@ -64,8 +64,8 @@ func memCells() []memCell {
 // memRun is one outboxd of the table.
 type memRun struct {
 	c      memCell
-	e      *env
-	d      *daemon
+	e      *Env
+	d      *Daemon
 	during int64 // peak RSS when Kafka came back (stopped runs)
 	peak   int64
 	file   int64 // the executable's resident pages at the end
@@ -74,35 +74,35 @@ type memRun struct {
 
 func startMemRun(t *testing.T, c memCell, brokers []string) *memRun {
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: brokers, topic: testenv.UniqueName("memtab"), slot: testenv.UniqueName("slot")}
-	createTopic(t, brokers, e.topic, 6)
-	e.migrate()
-	args := e.args()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: brokers, Topic: testenv.UniqueName("memtab"), Slot: testenv.UniqueName("slot")}
+	createTopic(t, brokers, e.Topic, 6)
+	e.Migrate()
+	args := e.Args()
 	if c.budget != 0 {
 		args = append(args, "--max-in-flight-bytes", strconv.FormatInt(c.budget, 10))
 	}
 	p := testproc.StartEnv(t, testproc.CleanEnv(), noRaceBinary(t), args...)
-	d := &daemon{t: t, p: p, out: output{p}, done: make(chan struct{})}
+	d := &Daemon{T: t, P: p, Out: Output{p}, done: make(chan struct{})}
 	go func() {
 		<-p.Done()
-		d.code = p.ExitCode()
+		d.Code = p.ExitCode()
 		close(d.done)
 	}()
-	d.waitLog("streaming", 2*time.Minute)
+	d.WaitLog("streaming", 2*time.Minute)
 	// One event through first: the session has its producer.
 	e.bigRows(1, 100, 1, 1)
-	waitFor(t, 2*time.Minute, func() bool { return endOffsets(brokers, e.topic) >= 1 })
+	waitFor(t, 2*time.Minute, func() bool { return endOffsets(brokers, e.Topic) >= 1 })
 	return &memRun{c: c, e: e, d: d}
 }
 
 func (r *memRun) write() { r.e.bigRows(r.c.rows, r.c.size, max(1, min(100, 10_000_000/r.c.size)), 200) }
 
 func (r *memRun) wait(t *testing.T, start time.Time) {
-	waitFor(t, 10*time.Minute, func() bool { return endOffsets(r.e.brokers, r.e.topic) >= int64(r.c.rows+1) })
+	waitFor(t, 10*time.Minute, func() bool { return endOffsets(r.e.Brokers, r.e.Topic) >= int64(r.c.rows+1) })
 	r.took = time.Since(start)
-	r.peak = r.d.peakRSS()
-	r.file, _ = testproc.ResidentFile(r.d.pid())
-	r.d.stop()
+	r.peak = r.d.PeakRSS()
+	r.file, _ = testproc.ResidentFile(r.d.PID())
+	r.d.Stop()
 }
 
 // TestMemoryTable measures README's memory table: peak RSS of outboxd
@@ -175,14 +175,14 @@ func memOutage(t *testing.T, ks *testenv.KafkaServer, cells []memCell, outage ti
 	}
 	for time.Since(down) < outage {
 		for _, r := range runs {
-			if r.d.exited() {
-				t.Fatalf("%s: outboxd exited (%d) while Kafka was down", r.c.name(), r.d.code)
+			if r.d.Exited() {
+				t.Fatalf("%s: outboxd exited (%d) while Kafka was down", r.c.name(), r.d.Code)
 			}
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	for _, r := range runs {
-		r.during = r.d.peakRSS()
+		r.during = r.d.PeakRSS()
 	}
 	ks.Start()
 	up := time.Now()

@@ -43,8 +43,8 @@ func memBound(t testing.TB, budget int64) int64 {
 
 // residentFile is the executable's pages in the process's memory now
 // (RssFile), for the log; -1 if unknown.
-func (d *daemon) residentFile() int64 {
-	n, err := testproc.ResidentFile(d.pid())
+func (d *Daemon) residentFile() int64 {
+	n, err := testproc.ResidentFile(d.PID())
 	if err != nil {
 		return -1
 	}
@@ -77,32 +77,32 @@ func noRaceBinary(t testing.TB) string {
 
 // startNoRace starts a non-race outboxd with e's arguments and waits until
 // it streams.
-func (e *env) startNoRace(extra ...string) *daemon {
-	e.t.Helper()
-	p := testproc.Start(e.t, noRaceBinary(e.t), e.args(extra...)...)
-	d := &daemon{t: e.t, p: p, out: output{p}, done: make(chan struct{})}
+func (e *Env) startNoRace(extra ...string) *Daemon {
+	e.T.Helper()
+	p := testproc.Start(e.T, noRaceBinary(e.T), e.Args(extra...)...)
+	d := &Daemon{T: e.T, P: p, Out: Output{p}, done: make(chan struct{})}
 	go func() {
 		<-p.Done()
-		d.code = p.ExitCode()
+		d.Code = p.ExitCode()
 		close(d.done)
 	}()
-	d.waitLog("streaming", 60*time.Second)
+	d.WaitLog("streaming", 60*time.Second)
 	return d
 }
 
 // bigRows commits n outbox rows of about size bytes each, in transactions of
 // perTxn rows, over aggs aggregates.
-func (e *env) bigRows(n, size, perTxn, aggs int) {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) bigRows(n, size, perTxn, aggs int) {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	for done := 0; done < n; done += perTxn {
 		_, err := c.Exec(context.Background(), `INSERT INTO outbox (aggregate_id, topic, payload)
 			SELECT 'agg-' || (g % $4), $1, jsonb_build_object('n', g, 'pad', repeat(md5(g::text), $5 / 32))
 			FROM generate_series($2::int, $3::int) AS g ORDER BY g`,
-			e.topic, done, min(done+perTxn, n)-1, aggs, size)
+			e.Topic, done, min(done+perTxn, n)-1, aggs, size)
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 	}
 }
@@ -117,43 +117,43 @@ func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("mem"), slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.topic, 6)
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("mem"), Slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.Topic, 6)
+	e.Migrate()
 	const budget = 16 << 20
 	args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
 	d := e.startNoRace(args...)
 	// One event through first: the session then has its producer, and the
 	// outage hits a running pipeline (not a start that cannot connect).
 	e.bigRows(1, 100, 1, 1)
-	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.topic) >= 1 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) >= 1 })
 	ks.Stop()
 	const rows, size = 1000, 900_000
 	e.bigRows(rows, size, 10, 50)
 	down := time.Now()
 	for time.Since(down) < 15*time.Second { // the outage, observed
-		if d.exited() {
-			t.Fatalf("outboxd exited (%d) while Kafka was down:\n%s", d.code, d.p.Tail(20))
+		if d.Exited() {
+			t.Fatalf("outboxd exited (%d) while Kafka was down:\n%s", d.Code, d.P.Tail(20))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	during := d.peakRSS()
-	if m := regexp.MustCompile(`[^\n]*restarting pipeline[^\n]*`).FindString(d.out.String()); m != "" {
+	during := d.PeakRSS()
+	if m := regexp.MustCompile(`[^\n]*restarting pipeline[^\n]*`).FindString(d.Out.String()); m != "" {
 		t.Logf("first restart: %s", m)
 	}
 	ks.Start()
-	v, n := e.delivered(4 * time.Minute)
-	peak := d.peakRSS()
+	v, n := e.Delivered(4 * time.Minute)
+	peak := d.PeakRSS()
 	bound := memBound(t, budget)
 	t.Logf("%d events of %d KB, Kafka stopped %s, budget %d MiB: peak RSS %d MiB during the outage, %d MiB in all (bound %d MiB: 2 × budget + 24 MiB + the %d MiB executable, of which %d MiB resident; README's 2 × budget + 64 MiB = %d MiB); %s; restarts %v",
 		n, size/1000, time.Since(down).Round(time.Second), budget>>20, during>>20, peak>>20, bound>>20, (bound-memLimit(budget))>>20, d.residentFile()>>20, (2*budget+64<<20)>>20, v, d.restarts())
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != rows+1 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != rows+1 {
 		t.Fatalf("after Kafka came back: %s (%d rows)", v, n)
 	}
 	if peak > bound {
 		t.Errorf("peak RSS %d MiB > 2 × budget + 24 MiB + the executable's size = %d MiB", peak>>20, bound>>20)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // Large transactions publish within the same bound, in both delivery
@@ -179,7 +179,7 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 		for _, mode := range []string{"at-least-once", "exactly-once"} {
 			t.Run(s.name+"/"+mode, func(t *testing.T) {
 				t.Parallel()
-				e := newEnv(t, 6)
+				e := NewEnv(t, 6)
 				const budget = 16 << 20
 				args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
 				if mode == "exactly-once" {
@@ -188,7 +188,7 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 				d := e.startNoRace(args...)
 				start := time.Now()
 				e.bigRows(s.rows, s.size, s.perTxn, s.aggs)
-				waitFor(t, 10*time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= int64(s.rows) })
+				waitFor(t, 10*time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= int64(s.rows) })
 				took := time.Since(start)
 				// The end offsets are only a first signal: in exactly-once
 				// mode they count transaction markers and the records of a
@@ -196,18 +196,18 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 				// count while the last transaction is still open (a CI run
 				// stopped outboxd there and read 190 of 200). What a
 				// read_committed consumer sees is read before the stop.
-				var v verdict
+				var v Verdict
 				n := s.rows
 				if s.size > 1000 {
-					v, n = e.delivered(3 * time.Minute)
+					v, n = e.Delivered(3 * time.Minute)
 				}
-				peak := d.peakRSS()
+				peak := d.PeakRSS()
 				bound := memBound(t, budget)
 				file := d.residentFile()
-				d.stop()
+				d.Stop()
 				t.Logf("transactions of %d of %d events of %d B, %s, budget %d MiB: published in %s, peak RSS %d MiB (bound %d MiB; the executable's resident pages %d MiB); %s",
 					s.perTxn, n, s.size, mode, budget>>20, took.Round(100*time.Millisecond), peak>>20, bound>>20, file>>20, v)
-				if v.lost != 0 || v.duplicated != 0 && mode == "exactly-once" || v.reordered != 0 || v.corrupt != 0 || n != s.rows {
+				if v.Lost != 0 || v.Duplicated != 0 && mode == "exactly-once" || v.Reordered != 0 || v.Corrupt != 0 || n != s.rows {
 					t.Fatalf("large transaction: %s (%d rows)", v, n)
 				}
 				if peak > bound {
@@ -229,30 +229,30 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 	t.Parallel()
 	const size = 200_000_000
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	const budget = 16 << 20
 	d := e.startNoRace("--max-in-flight-bytes", strconv.Itoa(budget), "--metrics-addr", "127.0.0.1:0")
-	m := metricsAddrLog.FindStringSubmatch(d.out.String())
+	m := metricsAddrLog.FindStringSubmatch(d.Out.String())
 	if m == nil {
-		t.Fatalf("no metrics address in the log:\n%s", d.out.String())
+		t.Fatalf("no metrics address in the log:\n%s", d.Out.String())
 	}
 	base := "http://" + m[1]
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	insert := `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int))`
-	if _, err := c.Exec(ctx, insert, e.topic, 1); err != nil {
+	if _, err := c.Exec(ctx, insert, e.Topic, 1); err != nil {
 		t.Fatal(err)
 	}
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, insert, e.topic, 2); err != nil {
+		if _, err := tx.Exec(ctx, insert, e.Topic, 2); err != nil {
 			return err
 		}
 		// repeat() runs in the server: the test process holds none of it.
 		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'stranger', repeat('x', $1))`, size); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, insert, e.topic, 3)
+		_, err := tx.Exec(ctx, insert, e.Topic, 3)
 		return err
 	})
 	if err != nil {
@@ -261,16 +261,16 @@ func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(false, 'stranger', repeat('y', $1))`, size); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctx, insert, e.topic, 4); err != nil {
+	if _, err := c.Exec(ctx, insert, e.Topic, 4); err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(3 * time.Minute)
-	peak := d.peakRSS()
+	v, n := e.Delivered(3 * time.Minute)
+	peak := d.PeakRSS()
 	bound := memBound(t, budget)
 	got := scrape(t, base)
 	t.Logf("2 foreign messages of %d MB between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB); %s; foreign messages %v, bytes %v",
 		size/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got["outboxd_foreign_messages_total"], got["outboxd_foreign_message_bytes_total"])
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != 4 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != 4 {
 		t.Fatalf("rows around the foreign messages: %s (%d rows)", v, n)
 	}
 	if peak > bound {
@@ -280,10 +280,10 @@ func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 		t.Errorf("outboxd_foreign_messages_total %v, outboxd_foreign_message_bytes_total %v; want 2 and %d",
 			got["outboxd_foreign_messages_total"], got["outboxd_foreign_message_bytes_total"], 2*size)
 	}
-	if !strings.Contains(d.out.String(), `"prefix": "stranger"`) || !strings.Contains(d.out.String(), `"bytes": 200000000`) {
-		t.Errorf("no warning naming the foreign message's prefix and size:\n%s", d.p.Tail(20))
+	if !strings.Contains(d.Out.String(), `"prefix": "stranger"`) || !strings.Contains(d.Out.String(), `"bytes": 200000000`) {
+		t.Errorf("no warning naming the foreign message's prefix and size:\n%s", d.P.Tail(20))
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestRunOwnPrefixMessageDoesNotSizeMemory: a role with no grants emits a
@@ -310,20 +310,20 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 		budget, _ = strconv.ParseInt(s, 10, 64)
 	}
 	const authentic = 200_000_000
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	stranger := e.loginRole("stranger")
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	d := e.startNoRace("--max-in-flight-bytes", strconv.FormatInt(budget, 10), "--metrics-addr", "127.0.0.1:0", "--dead-letter-topic", dlq)
-	m := metricsAddrLog.FindStringSubmatch(d.out.String())
+	m := metricsAddrLog.FindStringSubmatch(d.Out.String())
 	if m == nil {
-		t.Fatalf("no metrics address in the log:\n%s", d.out.String())
+		t.Fatalf("no metrics address in the log:\n%s", d.Out.String())
 	}
 	base := "http://" + m[1]
 	ctx := context.Background()
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(ctx)
 	insert := `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, jsonb_build_object('n', $2::int))`
-	if _, err := c.Exec(ctx, insert, e.topic, 1); err != nil {
+	if _, err := c.Exec(ctx, insert, e.Topic, 1); err != nil {
 		t.Fatal(err)
 	}
 	sc, err := pgx.Connect(ctx, stranger)
@@ -335,33 +335,33 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 	if _, err := sc.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', 'v3:' || repeat('0', 64) || ':1:' || repeat('x', $1))`, size); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctx, insert, e.topic, 2); err != nil {
+	if _, err := c.Exec(ctx, insert, e.Topic, 2); err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, insert, e.topic, 3); err != nil {
+		if _, err := tx.Exec(ctx, insert, e.Topic, 3); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'big-key', jsonb_build_object('pad', repeat('y', $2)))`, e.topic, authentic); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'big-key', jsonb_build_object('pad', repeat('y', $2)))`, e.Topic, authentic); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, insert, e.topic, 4)
+		_, err := tx.Exec(ctx, insert, e.Topic, 4)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Exec(ctx, insert, e.topic, 5); err != nil {
+	if _, err := c.Exec(ctx, insert, e.Topic, 5); err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(5 * time.Minute)
+	v, n := e.Delivered(5 * time.Minute)
 	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 2*time.Minute)
-	peak := d.peakRSS()
+	peak := d.PeakRSS()
 	bound := memBound(t, budget)
 	got := scrape(t, base)
 	t.Logf("own-prefix messages of %d MB (forged) and %d MB (outbox_emit) between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB; Kubernetes limit 256 MiB); %s; rejected bad_mac %v",
 		size/1_000_000, authentic/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got[`outboxd_rejected_messages_total{reason="bad_mac"}`])
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != 5 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != 5 {
 		t.Fatalf("rows around the messages: %s (%d rows)", v, n)
 	}
 	if peak > bound {
@@ -376,13 +376,13 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("dead-lettered %d records, want the authentic message", len(dead))
 	}
-	reason := header(dead[0], "dlq-error")
+	reason := Header(dead[0], "dlq-error")
 	if !strings.Contains(reason, "larger than --kafka-max-message-bytes") || !strings.Contains(string(dead[0].Value), "big-key") ||
 		strings.Contains(string(dead[0].Value), "yyyy") || len(dead[0].Value) > 64<<10 {
 		t.Errorf("dead letter: reason %q, value of %d bytes %.200q; want the size named, the key kept, no payload", reason, len(dead[0].Value), dead[0].Value)
 	}
-	if d.exited() {
-		t.Fatalf("outboxd exited:\n%s", d.p.Tail(30))
+	if d.Exited() {
+		t.Fatalf("outboxd exited:\n%s", d.P.Tail(30))
 	}
-	d.stop()
+	d.Stop()
 }

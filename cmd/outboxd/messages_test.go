@@ -29,47 +29,47 @@ func emit(ctx context.Context, tx pgx.Tx, topic, agg, payload string) error {
 }
 
 // emittedRows are the committed events, keyed by outbox-id (the LSN).
-func (e *env) emittedRows() map[int64]row {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) emittedRows() map[int64]Row {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	rs, err := c.Query(context.Background(), `SELECT (lsn - '0/0'::pg_lsn)::bigint, agg, payload, topic FROM emitted`)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
-	out := map[int64]row{}
+	out := map[int64]Row{}
 	var id int64
-	var r row
-	if _, err := pgx.ForEachRow(rs, []any{&id, &r.agg, &r.payload, &r.topic}, func() error {
+	var r Row
+	if _, err := pgx.ForEachRow(rs, []any{&id, &r.Agg, &r.Payload, &r.Topic}, func() error {
 		out[id] = r
 		return nil
 	}); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return out
 }
 
-func (e *env) emittedDelivered(timeout time.Duration) (verdict, int) {
-	e.t.Helper()
+func (e *Env) emittedDelivered(timeout time.Duration) (Verdict, int) {
+	e.T.Helper()
 	want := e.emittedRows()
-	return verify(e.t, want, consume(e.t, e.brokers, e.topic, want, timeout)), len(want)
+	return Verify(e.T, want, Consume(e.T, e.Brokers, e.Topic, want, timeout)), len(want)
 }
 
 // emitWriter emits n events in transactions of 1..maxTxn, over aggregates
 // of its own (so per key, commit order is LSN order).
-func (e *env) emitWriter(ctx context.Context, w, n int, l load) error {
-	conn, err := pgx.Connect(ctx, e.dsn)
+func (e *Env) emitWriter(ctx context.Context, w, n int, l Load) error {
+	conn, err := pgx.Connect(ctx, e.DSN)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.Background())
 	rng := rand.New(rand.NewPCG(uint64(w), 7))
 	for seq := 0; seq < n; {
-		size := min(1+rng.IntN(l.maxTxn), n-seq)
+		size := min(1+rng.IntN(l.MaxTxn), n-seq)
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			for i := range size {
-				agg := fmt.Sprintf("agg-%d", w+l.writers*rng.IntN(max(1, l.aggregates/l.writers)))
-				if err := emit(ctx, tx, e.topic, agg, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq+i)); err != nil {
+				agg := fmt.Sprintf("agg-%d", w+l.Writers*rng.IntN(max(1, l.Aggregates/l.Writers)))
+				if err := emit(ctx, tx, e.Topic, agg, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq+i)); err != nil {
 					return err
 				}
 			}
@@ -79,8 +79,8 @@ func (e *env) emitWriter(ctx context.Context, w, n int, l load) error {
 			return fmt.Errorf("emit writer %d: %w", w, err)
 		}
 		seq += size
-		if l.pause > 0 {
-			time.Sleep(l.pause)
+		if l.Pause > 0 {
+			time.Sleep(l.Pause)
 		}
 	}
 	return nil
@@ -93,21 +93,21 @@ func (e *env) emitWriter(ctx context.Context, w, n int, l load) error {
 // savepoint publish nothing.
 func TestRunTablelessOutbox(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	e.exec(emittedDDL)
-	d := e.start("--source", "messages")
-	c := e.conn()
+	e := NewEnv(t, 1)
+	e.Exec(emittedDDL)
+	d := e.Start("--source", "messages")
+	c := e.Conn()
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	var traced int64
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if err := emit(ctx, tx, e.topic, "order-1", `{"n": 1}`); err != nil {
+		if err := emit(ctx, tx, e.Topic, "order-1", `{"n": 1}`); err != nil {
 			return err
 		}
 		// One with headers, not recorded in emitted: checked below.
 		return tx.QueryRow(ctx, `SELECT (outbox_emit($1, 'order-1', '{"n": 2}', jsonb_build_object('traceparent', $2::text)) - '0/0'::pg_lsn)::bigint`,
-			e.topic, tp).Scan(&traced)
+			e.Topic, tp).Scan(&traced)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestRunTablelessOutbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"rolled": "back"}')`, e.topic); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"rolled": "back"}')`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -125,13 +125,13 @@ func TestRunTablelessOutbox(t *testing.T) {
 	}
 	// A savepoint rolled back, one released.
 	err = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SAVEPOINT a; SELECT outbox_emit('`+e.topic+`', 'order-1', '{"savepoint": "rolled back"}'); ROLLBACK TO SAVEPOINT a`); err != nil {
+		if _, err := tx.Exec(ctx, `SAVEPOINT a; SELECT outbox_emit('`+e.Topic+`', 'order-1', '{"savepoint": "rolled back"}'); ROLLBACK TO SAVEPOINT a`); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, `SAVEPOINT b`); err != nil {
 			return err
 		}
-		if err := emit(ctx, tx, e.topic, "order-1", `{"n": 3}`); err != nil {
+		if err := emit(ctx, tx, e.Topic, "order-1", `{"n": 3}`); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `RELEASE SAVEPOINT b`)
@@ -141,12 +141,12 @@ func TestRunTablelessOutbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A trace header without a trace context at hand.
-	if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"n": 4}', jsonb_build_object('traceparent', NULL::text))`, e.topic); err != nil {
+	if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"n": 4}', jsonb_build_object('traceparent', NULL::text))`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
 	want := e.emittedRows()
-	got := consume(t, e.brokers, e.topic, map[int64]row{0: {}, 1: {}, 2: {}, 3: {}}, 60*time.Second)
-	d.stop()
+	got := Consume(t, e.Brokers, e.Topic, map[int64]Row{0: {}, 1: {}, 2: {}, 3: {}}, 60*time.Second)
+	d.Stop()
 	if len(got) != 4 {
 		var vs []string
 		for _, m := range got {
@@ -164,11 +164,11 @@ func TestRunTablelessOutbox(t *testing.T) {
 			t.Errorf("record %d: key %q value %s, want order-1 %s in commit order", i, m.Key, m.Value, want)
 		}
 	}
-	if h := header(got[1], "traceparent"); h != tp || header(got[1], "outbox-id") != fmt.Sprint(traced) {
+	if h := Header(got[1], "traceparent"); h != tp || Header(got[1], "outbox-id") != fmt.Sprint(traced) {
 		t.Errorf("traced event: headers %q, want traceparent %s and outbox-id %d (its LSN)", headerPairs(got[1]), tp, traced)
 	}
 	for _, m := range []int{0, 2} {
-		id := header(got[m], "outbox-id")
+		id := Header(got[m], "outbox-id")
 		var found bool
 		for lsn := range want {
 			found = found || fmt.Sprint(lsn) == id
@@ -185,22 +185,22 @@ func TestRunTablelessOutbox(t *testing.T) {
 // order.
 func TestRunTablelessKill9LosesNothing(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
-	e.exec(emittedDDL)
+	e := NewEnv(t, 3)
+	e.Exec(emittedDDL)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writeDone := make(chan error, 1)
-	l := load{writers: 2, aggregates: 40, total: 3000, maxTxn: 20, pause: 3 * time.Millisecond}
+	l := Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 20, Pause: 3 * time.Millisecond}
 	for i := 0; i < 3; i++ {
-		d := e.start("--source", "messages")
+		d := e.Start("--source", "messages")
 		if i == 0 {
 			go func() {
-				errs := make(chan error, l.writers)
-				for w := range l.writers {
-					go func() { errs <- e.emitWriter(ctx, w, l.total/l.writers, l) }()
+				errs := make(chan error, l.Writers)
+				for w := range l.Writers {
+					go func() { errs <- e.emitWriter(ctx, w, l.Total/l.Writers, l) }()
 				}
 				var err error
-				for range l.writers {
+				for range l.Writers {
 					if werr := <-errs; werr != nil {
 						err = werr
 					}
@@ -209,27 +209,27 @@ func TestRunTablelessKill9LosesNothing(t *testing.T) {
 			}()
 		}
 		time.Sleep(time.Duration(500+rand.IntN(1000)) * time.Millisecond)
-		d.kill9()
+		d.Kill9()
 	}
-	d := e.start("--source", "messages")
+	d := e.Start("--source", "messages")
 	if err := <-writeDone; err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.emittedDelivered(2 * time.Minute)
 	t.Logf("outbox_emit, kill -9 three times mid-stream, %d events: %s", n, v)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 || n != l.total {
-		t.Fatalf("%d events emitted, %s; want %d, nothing lost, reordered or corrupt", n, v, l.total)
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != l.Total {
+		t.Fatalf("%d events emitted, %s; want %d, nothing lost, reordered or corrupt", n, v, l.Total)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestRunTableAndMessagesInOneStream: under --source=cdc the table's rows
 // and outbox_emit's messages are one stream, in commit order per key.
 func TestRunTableAndMessagesInOneStream(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	d := e.start()
-	c := e.conn()
+	e := NewEnv(t, 1)
+	d := e.Start()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	for i := range 20 {
@@ -239,12 +239,12 @@ func TestRunTableAndMessagesInOneStream(t *testing.T) {
 		} else {
 			q = `SELECT outbox_emit($1, 'k', $2::jsonb)`
 		}
-		if _, err := c.Exec(ctx, q, e.topic, fmt.Sprintf(`{"i": %d}`, i)); err != nil {
+		if _, err := c.Exec(ctx, q, e.Topic, fmt.Sprintf(`{"i": %d}`, i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got := testenv.Kafka(t).ReadAll(t, e.topic, 20, 60*time.Second)
-	d.stop()
+	got := testenv.Kafka(t).ReadAll(t, e.Topic, 20, 60*time.Second)
+	d.Stop()
 	var vs []string
 	for _, m := range got {
 		vs = append(vs, string(m.Value))
@@ -263,10 +263,10 @@ func TestRunTableAndMessagesInOneStream(t *testing.T) {
 // WAL (no WAL piles up behind an idle table-less outbox).
 func TestRunTablelessIdleWAL(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	e.exec(`CREATE TABLE busy (id bigserial PRIMARY KEY, v text)`)
-	d := e.start("--source", "messages")
-	c := e.conn()
+	e := NewEnv(t, 1)
+	e.Exec(`CREATE TABLE busy (id bigserial PRIMARY KEY, v text)`)
+	d := e.Start("--source", "messages")
+	c := e.Conn()
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	for range 200 {
@@ -274,6 +274,6 @@ func TestRunTablelessIdleWAL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.waitConfirmed(30 * time.Second)
-	d.stop()
+	e.WaitConfirmed(30 * time.Second)
+	d.Stop()
 }

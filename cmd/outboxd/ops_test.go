@@ -23,13 +23,13 @@ var metricsAddrLog = regexp.MustCompile(`serving metrics\s+\{"addr": "([^"]+)"\}
 
 // startWithMetrics starts outboxd with --metrics-addr on a free port and
 // returns the daemon and its base URL.
-func (e *env) startWithMetrics(extra ...string) (*daemon, string) {
-	e.t.Helper()
-	d := startDaemon(e.t, e.args(append([]string{"--metrics-addr", "127.0.0.1:0"}, extra...)...)...)
-	d.waitLog("serving metrics", 60*time.Second)
-	m := metricsAddrLog.FindStringSubmatch(d.out.String())
+func (e *Env) startWithMetrics(extra ...string) (*Daemon, string) {
+	e.T.Helper()
+	d := StartDaemon(e.T, e.Args(append([]string{"--metrics-addr", "127.0.0.1:0"}, extra...)...)...)
+	d.WaitLog("serving metrics", 60*time.Second)
+	m := metricsAddrLog.FindStringSubmatch(d.Out.String())
 	if m == nil {
-		e.t.Fatalf("no metrics address in the log:\n%s", d.out.String())
+		e.T.Fatalf("no metrics address in the log:\n%s", d.Out.String())
 	}
 	return d, "http://" + m[1]
 }
@@ -88,17 +88,17 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	// (one writes 2 MB/s) kept it near 2 MB when this one was idle.
 	ps := testenv.StartPostgres(t)
 	k := testenv.Kafka(t)
-	e := &env{t: t, dsn: ps.DSN, brokers: k.Brokers, topic: k.Topic(t, "e2e", 3), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "e2e", 3), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	// A linger makes Kafka acknowledge in batches every 700 ms: events stay
 	// in flight long enough for the lag to be seen mid-run. One event over
 	// --kafka-max-message-bytes goes to the dead-letter topic.
 	d, base := e.startWithMetrics("--slot-poll-interval", "200ms", "--kafka-linger", "700ms",
 		"--dead-letter-topic", dlq, "--kafka-max-message-bytes", "100000")
-	d.waitLog("streaming", 60*time.Second)
+	d.WaitLog("streaming", 60*time.Second)
 	before := scrape(t, base)
-	topic := fmt.Sprintf(`{topic=%q}`, e.topic)
+	topic := fmt.Sprintf(`{topic=%q}`, e.Topic)
 	for _, s := range []string{"outboxd_standby", "outboxd_lag_seconds", "outboxd_in_flight_events", `outboxd_pipeline_restarts_total{cause="kafka"}`} {
 		if v := one(t, before, s); v != 0 {
 			t.Errorf("%s = %v before any event, want 0", s, v)
@@ -108,7 +108,7 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	const total = 3000
 	writeDone := make(chan error, 1)
 	go func() {
-		writeDone <- e.write(context.Background(), load{writers: 2, aggregates: 40, total: total, maxTxn: 20, pause: 5 * time.Millisecond})
+		writeDone <- e.Write(context.Background(), Load{Writers: 2, Aggregates: 40, Total: total, MaxTxn: 20, Pause: 5 * time.Millisecond})
 	}()
 	var maxLagSec, maxLagBytes, maxInFlight float64
 	for writing := true; writing; {
@@ -126,7 +126,7 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 		maxInFlight = max(maxInFlight, one(t, m, "outboxd_in_flight_events"))
 	}
 
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('big', $1, jsonb_build_object('pad', repeat('x', 200000)))`, e.topic)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('big', $1, jsonb_build_object('pad', repeat('x', 200000)))`, e.Topic)
 
 	// Idle: everything acknowledged, and the lag back to ~0.
 	var m map[string]float64
@@ -196,15 +196,15 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	if code, body := get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
-	d.stop()
+	d.Stop()
 }
 
 func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	// A long first backoff keeps the restarting state visible.
 	a, aURL := e.startWithMetrics("--restart-backoff-min", "4s", "--restart-backoff-max", "4s")
-	a.waitLog("streaming", 60*time.Second)
+	a.WaitLog("streaming", 60*time.Second)
 	waitReady := func(name, url string, code int, body string) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
@@ -223,7 +223,7 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	waitReady("active", aURL, http.StatusOK, "ready: active")
 
 	b, bURL := e.startWithMetrics("--standby-poll-interval", "300ms")
-	b.waitLog("standby: another process holds the slot", 30*time.Second)
+	b.WaitLog("standby: another process holds the slot", 30*time.Second)
 	waitReady("standby", bURL, http.StatusOK, "ready: standby")
 	if v := one(t, scrape(t, bURL), "outboxd_standby"); v != 1 {
 		t.Errorf("standby's outboxd_standby = %v, want 1", v)
@@ -231,7 +231,7 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 
 	// Kill the active instance's walsender: its pipeline fails and waits
 	// out the backoff, not ready; the standby takes over.
-	e.exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.slot)
+	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
 	waitReady("restarting", aURL, http.StatusServiceUnavailable, "not ready: restarting")
 	if v := one(t, scrape(t, aURL), `outboxd_pipeline_restarts_total{cause="postgres"}`); v != 1 {
 		t.Errorf("restarts by cause postgres = %v, want 1", v)
@@ -241,29 +241,29 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	if code, _ := get(t, aURL+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz %d", code)
 	}
-	a.stop()
-	b.stop()
+	a.Stop()
+	b.Stop()
 }
 
 // runOnce runs outboxd to completion and returns its exit code and output.
 func runOnce(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	d := startDaemon(t, args...)
-	code := d.wait(60 * time.Second)
-	return code, d.out.String()
+	d := StartDaemon(t, args...)
+	code := d.Wait(60 * time.Second)
+	return code, d.Out.String()
 }
 
 func TestStatusCommand(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	common := []string{"--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot}
+	e := NewEnv(t, 1)
+	common := []string{"--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot}
 
 	code, out := runOnce(t, append([]string{"status"}, common...)...)
-	if code != 1 || !strings.Contains(out, fmt.Sprintf("replication slot %q does not exist", e.slot)) {
+	if code != 1 || !strings.Contains(out, fmt.Sprintf("replication slot %q does not exist", e.Slot)) {
 		t.Fatalf("status before the slot exists: exit %d\n%s", code, out)
 	}
 
-	d := e.start()
+	d := e.Start()
 	code, out = runOnce(t, append([]string{"status"}, common...)...)
 	t.Logf("status of a running outboxd:\n%s", out)
 	if code != 0 || !strings.Contains(out, "active") || !strings.Contains(out, "yes (pid ") || !strings.Contains(out, "status") {
@@ -283,7 +283,7 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatalf("status with a retained-WAL limit of 1 byte: exit %d\n%s", code, out)
 	}
 
-	d.stop()
+	d.Stop()
 	code, out = runOnce(t, append([]string{"status", "--json"}, common...)...)
 	if code != 1 || !strings.Contains(out, "no process streams from replication slot") {
 		t.Fatalf("status with outboxd stopped: exit %d\n%s", code, out)
@@ -304,17 +304,17 @@ func TestRunNotReadyWhileStalled(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: ks.Brokers, topic: testenv.UniqueName("notready"), slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.topic, 1)
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("notready"), Slot: testenv.UniqueName("slot")}
+	createTopic(t, ks.Brokers, e.Topic, 1)
+	e.Migrate()
 	d, base := e.startWithMetrics("--stall-timeout", "2s")
-	d.waitLog("streaming", 60*time.Second)
+	d.WaitLog("streaming", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		_ = e.write(ctx, load{writers: 1, aggregates: 10, total: 100000, maxTxn: 5, pause: 20 * time.Millisecond})
+		_ = e.Write(ctx, Load{Writers: 1, Aggregates: 10, Total: 100000, MaxTxn: 5, Pause: 20 * time.Millisecond})
 	}()
-	topic := fmt.Sprintf(`{topic=%q}`, e.topic)
+	topic := fmt.Sprintf(`{topic=%q}`, e.Topic)
 	waitFor(t, 30*time.Second, func() bool { return scrape(t, base)["outboxd_events_published_total"+topic] > 0 })
 	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz while publishing: %d %q", code, body)
@@ -348,5 +348,5 @@ func TestRunNotReadyWhileStalled(t *testing.T) {
 		t.Errorf("outboxd_stalled_seconds %v after Kafka came back", v)
 	}
 	cancel()
-	d.stop()
+	d.Stop()
 }

@@ -13,22 +13,22 @@ import (
 // e2e test for --source=poll: the real binary, real PostgreSQL and Kafka.
 func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 6)
-	migrateForPoll(t, e.dsn)
-	e.exec(`CREATE TABLE hooked (id bigint PRIMARY KEY)`)
-	d := startDaemon(t, e.args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
-		"--hook", e.topic+"=INSERT INTO hooked (id) SELECT $2::bigint WHERE $1::text IS NOT NULL ON CONFLICT DO NOTHING")...)
-	d.waitLog("polling", 60*time.Second)
-	if err := e.write(context.Background(), load{writers: 4, aggregates: 200, total: 5000, maxTxn: 100}); err != nil {
+	e := NewEnv(t, 6)
+	migrateForPoll(t, e.DSN)
+	e.Exec(`CREATE TABLE hooked (id bigint PRIMARY KEY)`)
+	d := StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
+		"--hook", e.Topic+"=INSERT INTO hooked (id) SELECT $2::bigint WHERE $1::text IS NOT NULL ON CONFLICT DO NOTHING")...)
+	d.WaitLog("polling", 60*time.Second)
+	if err := e.Write(context.Background(), Load{Writers: 4, Aggregates: 200, Total: 5000, MaxTxn: 100}); err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(2 * time.Minute)
+	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("--source=poll, 5000 events: %s", v)
-	if v != (verdict{}) {
+	if v != (Verdict{}) {
 		t.Fatalf("clean run: %s, want all zero", v)
 	}
-	d.stop()
-	c := e.conn()
+	d.Stop()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var unpublished int
 	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
@@ -55,18 +55,18 @@ func migrateForPoll(t *testing.T, dsn string) {
 		"migrate: created column public.outbox.published_at\nmigrate: created index public.outbox_unpublished_id_idx\n",
 		"migrate: up to date\n",
 	} {
-		d := startDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
-		code := d.wait(60 * time.Second)
+		d := StartDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
+		code := d.Wait(60 * time.Second)
 		// migrate also says whether PUBLIC may still emit logical messages:
 		// not what this test is about.
 		var got strings.Builder
-		for _, l := range strings.SplitAfter(d.out.String(), "\n") {
+		for _, l := range strings.SplitAfter(d.Out.String(), "\n") {
 			if !strings.Contains(l, "pg_logical_emit_message") {
 				got.WriteString(l)
 			}
 		}
 		if code != 0 || got.String() != want {
-			t.Fatalf("outboxd migrate --source=poll: exit %d, output:\n%s\nwant exit 0 and:\n%s", code, d.out, want)
+			t.Fatalf("outboxd migrate --source=poll: exit %d, output:\n%s\nwant exit 0 and:\n%s", code, d.Out, want)
 		}
 	}
 }

@@ -90,14 +90,14 @@ WHERE NOT EXISTS (SELECT FROM effects WHERE id = w AND origin LIKE '%' || $2)`, 
 }
 
 // ids lists the outbox ids in the env's table, with where (SQL) if given.
-func (e *env) ids(where string) []int64 {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) ids(where string) []int64 {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	rows, _ := c.Query(context.Background(), `SELECT id FROM outbox `+where+` ORDER BY id`)
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return ids
 }
@@ -154,26 +154,26 @@ func restore(t *testing.T, srv *testenv.PGServer, backup, recovery string) {
 
 // refuses runs outboxd on e, which must exit non-zero with the rewind
 // message naming kind.
-func (e *env) refuses(kind string) string {
-	e.t.Helper()
-	d := startDaemon(e.t, e.args()...)
-	code := d.wait(90 * time.Second)
-	out := d.out.String()
+func (e *Env) refuses(kind string) string {
+	e.T.Helper()
+	d := StartDaemon(e.T, e.Args()...)
+	code := d.Wait(90 * time.Second)
+	out := d.Out.String()
 	for _, s := range []string{"the database went back in time", kind, "committed 20", "outboxd checkpoint reset --to-current-history", "nothing written since has been published"} {
 		if code == 0 || !strings.Contains(out, s) {
-			e.t.Fatalf("outboxd run after the rewind: exit %d, want a refusal saying %q:\n%s", code, s, out)
+			e.T.Fatalf("outboxd run after the rewind: exit %d, want a refusal saying %q:\n%s", code, s, out)
 		}
 	}
 	return out
 }
 
 // reset runs outboxd checkpoint reset --to-current-history on e.
-func (e *env) reset() string {
-	e.t.Helper()
-	args := append([]string{"checkpoint", "reset", "--to-current-history"}, e.args()[1:]...)
-	code, out := testproc.Run(e.t, 90*time.Second, binPath, args...)
+func (e *Env) reset() string {
+	e.T.Helper()
+	args := append([]string{"checkpoint", "reset", "--to-current-history"}, e.Args()[1:]...)
+	code, out := testproc.Run(e.T, 90*time.Second, BinPath, args...)
 	if code != 0 {
-		e.t.Fatalf("outboxd checkpoint reset: exit %d\n%s", code, out)
+		e.T.Fatalf("outboxd checkpoint reset: exit %d\n%s", code, out)
 	}
 	return out
 }
@@ -184,7 +184,7 @@ func (e *env) reset() string {
 // consumers have seen), a second refusal once the WAL moved on, the reset,
 // 200 more events; every event written after the rewind is processed by the
 // consumer under the new origin.
-func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *env)) {
+func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *Env)) {
 	rewindCaseWith(t, kind, rewindSetup{snapshot: basebackup}, do)
 }
 
@@ -193,11 +193,11 @@ func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup
 // instead of a base backup (its result is do's backup).
 type rewindSetup struct {
 	version  string
-	before   func(e *env)
+	before   func(e *Env)
 	snapshot func(*testing.T, *testenv.PGServer) string
 }
 
-func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *testenv.PGServer, backup, target string, e *env)) {
+func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *testenv.PGServer, backup, target string, e *Env)) {
 	var srv *testenv.PGServer
 	if rs.version == "" {
 		srv = testenv.StartPostgres(t)
@@ -209,33 +209,33 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 		rs.before(e)
 	}
 	ctx := context.Background()
-	rec := startRecorder(t, k.Brokers, e.topic)
-	e.exec(`ALTER SYSTEM SET wal_keep_size = '1GB'`) // the old WAL serves as a PITR archive
-	e.exec(`SELECT pg_reload_conf()`)
-	d := e.start()
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+	rec := startRecorder(t, k.Brokers, e.Topic)
+	e.Exec(`ALTER SYSTEM SET wal_keep_size = '1GB'`) // the old WAL serves as a PITR archive
+	e.Exec(`SELECT pg_reload_conf()`)
+	d := e.Start()
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	backup := rs.snapshot(t, srv)
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 100, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 100, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	var target string // a point-in-time recovery target: 100 events past the backup
 	{
-		c := e.conn()
+		c := e.Conn()
 		if err := c.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&target); err != nil {
 			t.Fatal(err)
 		}
 		c.Close(ctx)
 	}
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 400, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 400, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if v, n := e.delivered(time.Minute); v.lost != 0 {
+	if v, n := e.Delivered(time.Minute); v.Lost != 0 {
 		t.Fatalf("before the rewind: %d rows: %s", n, v)
 	}
 	before := e.ids("")
-	d.stop()
+	d.Stop()
 	do(srv, backup, target, e)
 	restored := e.ids("")
 	start := time.Now()
@@ -243,11 +243,11 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 	t.Logf("%s: %d of %d rows left after the rewind; refused in %s: %s", kind, len(restored), len(before),
 		time.Since(start).Round(time.Millisecond), lineWith(msg, "went back in time"))
 
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	e.exec(`SELECT pg_switch_wal()`) // the WAL moves past the checkpoint again
-	e.exec(`CREATE TABLE churn AS SELECT generate_series(1, 1000) AS x`)
+	e.Exec(`SELECT pg_switch_wal()`) // the WAL moves past the checkpoint again
+	e.Exec(`CREATE TABLE churn AS SELECT generate_series(1, 1000) AS x`)
 	e.refuses(kind)
 	out := e.reset()
 	t.Logf("reset: %s", lineWith(out, "checkpoint reset:"))
@@ -257,18 +257,18 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 	// outboxd replay republishes what the restored table holds since the
 	// rewind, under the new origin, whatever the old checkpoint said.
 	from := restored[len(restored)-1] + 1
-	code, rout := testproc.Run(t, 90*time.Second, binPath, append([]string{"replay"}, e.args("--from-id", fmt.Sprint(from))[1:]...)...)
+	code, rout := testproc.Run(t, 90*time.Second, BinPath, append([]string{"replay"}, e.Args("--from-id", fmt.Sprint(from))[1:]...)...)
 	if code != 0 || !strings.Contains(rout, "replay: 200 rows published again") {
 		t.Fatalf("outboxd replay --from-id %d after the reset: exit %d, want 200 rows:\n%s", from, code, rout)
 	}
-	d = e.start()
-	defer d.stop()
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+	d = e.Start()
+	defer d.Stop()
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	after := e.ids(fmt.Sprintf("WHERE id > %d OR id NOT IN (SELECT unnest('%s'::bigint[]))", before[len(before)-1], pgArray(restored)))
 	if missing := rec.processed(t, after, "/1", time.Minute); len(missing) > 0 {
-		t.Fatalf("%d of the %d events written after the rewind not processed by the consumer: %s", len(missing), len(after), ranges(missing))
+		t.Fatalf("%d of the %d events written after the rewind not processed by the consumer: %s", len(missing), len(after), Ranges(missing))
 	}
 	waitFor(t, time.Minute, func() bool { return rec.c.Stats().Duplicates >= 200 }) // the stream's copies of the replayed rows
 	st := rec.c.Stats()
@@ -302,7 +302,7 @@ func lineWith(out, s string) string {
 // (a) The restore of a pg_basebackup on the same timeline.
 func TestRestoreFromBaseBackupRefusesThenResetDeliversEverything(t *testing.T) {
 	t.Parallel()
-	rewindCase(t, "restored from a backup", func(srv *testenv.PGServer, backup, _ string, e *env) {
+	rewindCase(t, "restored from a backup", func(srv *testenv.PGServer, backup, _ string, e *Env) {
 		restore(t, srv, backup, "")
 		srv.Start()
 	})
@@ -312,12 +312,12 @@ func TestRestoreFromBaseBackupRefusesThenResetDeliversEverything(t *testing.T) {
 // timeline that left the checkpoint's before its position.
 func TestPITRBeforeCheckpointRefusesThenResetDeliversEverything(t *testing.T) {
 	t.Parallel()
-	rewindCase(t, "history forked", func(srv *testenv.PGServer, backup, target string, e *env) {
+	rewindCase(t, "history forked", func(srv *testenv.PGServer, backup, target string, e *Env) {
 		restore(t, srv, backup, fmt.Sprintf("\nrestore_command = 'cp %s/%%f %%p'\nrecovery_target_lsn = '%s'\nrecovery_target_action = 'promote'\n",
 			filepath.Join(srv.Dir, "data.old", "pg_wal"), target))
 		srv.Start()
 		waitFor(t, time.Minute, func() bool { // promoted: writable
-			c := e.conn()
+			c := e.Conn()
 			defer c.Close(context.Background())
 			var rec bool
 			return c.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&rec) == nil && !rec
@@ -334,9 +334,9 @@ func TestFailoverSlotWithoutSynchronizedStandbySlotsRefusesThenReset(t *testing.
 	t.Parallel()
 	var standby *testenv.PGServer
 	rewindCaseWith(t, "history forked", rewindSetup{version: "17",
-		before: func(e *env) { // outboxd's slot as a failover slot
-			e.exec(`CREATE PUBLICATION ` + pgx.Identifier{e.slot}.Sanitize() + ` FOR TABLE outbox WITH (publish = 'insert')`)
-			e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`, e.slot)
+		before: func(e *Env) { // outboxd's slot as a failover slot
+			e.Exec(`CREATE PUBLICATION ` + pgx.Identifier{e.Slot}.Sanitize() + ` FOR TABLE outbox WITH (publish = 'insert')`)
+			e.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`, e.Slot)
 		},
 		snapshot: func(t *testing.T, srv *testenv.PGServer) string {
 			standby = srv.StartStandby(testenv.UniqueName("phys"))
@@ -371,22 +371,22 @@ FROM pg_replication_slots WHERE slot_name LIKE 'slot%'`).Scan(&ready) == nil && 
 // outbox's event of the same id.
 func TestTwoOutboxesOneConsumerProcessEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	a := newEnv(t, 3)
-	b := &env{t: t, dsn: testenv.Postgres(t).DSN, brokers: a.brokers, topic: a.topic, slot: testenv.UniqueName("slot")}
-	b.migrate()
-	rec := startRecorder(t, a.brokers, a.topic)
+	a := NewEnv(t, 3)
+	b := &Env{T: t, DSN: testenv.Postgres(t).DSN, Brokers: a.Brokers, Topic: a.Topic, Slot: testenv.UniqueName("slot")}
+	b.Migrate()
+	rec := startRecorder(t, a.Brokers, a.Topic)
 	ctx := context.Background()
 	start := time.Now()
-	for _, e := range []*env{a, b} {
-		d := e.start()
-		defer d.stop()
+	for _, e := range []*Env{a, b} {
+		d := e.Start()
+		defer d.Stop()
 	}
 	var wg sync.WaitGroup
-	for _, e := range []*env{a, b} {
+	for _, e := range []*Env{a, b} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+			if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 				t.Error(err)
 			}
 		}()
@@ -450,19 +450,19 @@ func catchUp(t *testing.T, srv, standby *testenv.PGServer) {
 
 // promote stops the primary, starts the standby, promotes it and points e at
 // it.
-func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServer, _, _ string, e *env) {
-	return func(srv *testenv.PGServer, _, _ string, e *env) {
+func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServer, _, _ string, e *Env) {
+	return func(srv *testenv.PGServer, _, _ string, e *Env) {
 		standby := *standbyp
 		srv.Stop("fast")
 		standby.Start()
-		u, err := url.Parse(e.dsn)
+		u, err := url.Parse(e.DSN)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.dsn = withDatabase(t, standby.DSN, strings.TrimPrefix(u.Path, "/"))
-		e.exec(`SELECT pg_promote()`)
+		e.DSN = withDatabase(t, standby.DSN, strings.TrimPrefix(u.Path, "/"))
+		e.Exec(`SELECT pg_promote()`)
 		waitFor(t, time.Minute, func() bool {
-			c := e.conn()
+			c := e.Conn()
 			defer c.Close(context.Background())
 			var rec bool
 			return c.QueryRow(context.Background(), `SELECT pg_is_in_recovery()`).Scan(&rec) == nil && !rec

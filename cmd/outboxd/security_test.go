@@ -57,10 +57,10 @@ func TestRunKafkaSASL(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			pg := testenv.Postgres(t)
-			e := &env{t: t, dsn: withPassword(t, pg.DSN, pgSecret), brokers: c.brokers,
-				topic: testenv.UniqueName("sasl"), slot: testenv.UniqueName("slot")}
-			createTopic(t, ks.Brokers, e.topic, 1) // over the PLAINTEXT listener
-			e.migrate()
+			e := &Env{T: t, DSN: withPassword(t, pg.DSN, pgSecret), Brokers: c.brokers,
+				Topic: testenv.UniqueName("sasl"), Slot: testenv.UniqueName("slot")}
+			createTopic(t, ks.Brokers, e.Topic, 1) // over the PLAINTEXT listener
+			e.Migrate()
 
 			// The password from a file (mode 0600), the DSN secret on the
 			// command line: debug logging, /metrics, config check: no secret.
@@ -71,24 +71,24 @@ func TestRunKafkaSASL(t *testing.T) {
 			sasl := []string{"--kafka-sasl-mechanism", mech, "--kafka-sasl-username", ks.User,
 				"--kafka-sasl-password-file", pwFile, "--log-level", "debug"}
 			d, base := e.startWithMetrics(append(sasl, c.extra...)...)
-			d.waitLog("streaming", 60*time.Second)
-			if err := e.write(context.Background(), load{writers: 1, aggregates: 10, total: 200, maxTxn: 10}); err != nil {
+			d.WaitLog("streaming", 60*time.Second)
+			if err := e.Write(context.Background(), Load{Writers: 1, Aggregates: 10, Total: 200, MaxTxn: 10}); err != nil {
 				t.Fatal(err)
 			}
-			want := e.rows()
-			v := verify(t, want, consume(t, ks.Brokers, e.topic, want, time.Minute))
-			if v != (verdict{}) {
+			want := e.Rows()
+			v := Verify(t, want, Consume(t, ks.Brokers, e.Topic, want, time.Minute))
+			if v != (Verdict{}) {
 				t.Fatalf("over SASL %s: %s", mech, v)
 			}
 			_, metrics := get(t, base+"/metrics")
-			d.stop()
-			t.Logf("%s: %d events published, %d lines of debug output", c.name, len(want), strings.Count(d.out.String(), "\n"))
-			noSecrets(t, "outboxd output", d.out.String(), ks.Password, pgSecret)
+			d.Stop()
+			t.Logf("%s: %d events published, %d lines of debug output", c.name, len(want), strings.Count(d.Out.String(), "\n"))
+			noSecrets(t, "outboxd output", d.Out.String(), ks.Password, pgSecret)
 			noSecrets(t, "/metrics", metrics, ks.Password, pgSecret)
 
 			// The password from the environment, through config check.
 			code, out := runEnv(t, []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + ks.Password},
-				append(append([]string{"config", "check", "--pg-dsn", e.dsn, "--kafka-brokers", c.brokers[0]}, sasl[:4]...), c.extra...)...)
+				append(append([]string{"config", "check", "--pg-dsn", e.DSN, "--kafka-brokers", c.brokers[0]}, sasl[:4]...), c.extra...)...)
 			if code != 0 || !strings.Contains(out, "kafka-sasl-password: REDACTED # env OUTBOXD_KAFKA_SASL_PASSWORD") ||
 				!strings.Contains(out, "postgres:REDACTED@") {
 				t.Fatalf("config check: exit %d\n%s", code, out)
@@ -100,8 +100,8 @@ func TestRunKafkaSASL(t *testing.T) {
 	t.Run("TLS failures", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
-		e := &env{t: t, dsn: pg.DSN, brokers: ks.TLSBrokers, slot: testenv.UniqueName("slot")}
-		e.migrate()
+		e := &Env{T: t, DSN: pg.DSN, Brokers: ks.TLSBrokers, Slot: testenv.UniqueName("slot")}
+		e.Migrate()
 		pw := []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + ks.Password}
 		sasl := []string{"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User}
 		for _, c := range []struct {
@@ -116,7 +116,7 @@ func TestRunKafkaSASL(t *testing.T) {
 			{"no client certificate", []string{"--kafka-tls-ca-file", ks.CAFile},
 				"outboxd: Kafka: the broker refused the TLS handshake (does it require a client certificate? check --kafka-tls-cert-file and --kafka-tls-key-file): kafka: client has run out of available brokers to talk to: remote error: tls: bad certificate"},
 		} {
-			code, out := runEnv(t, pw, e.args(append(sasl, c.args...)...)...)
+			code, out := runEnv(t, pw, e.Args(append(sasl, c.args...)...)...)
 			if code != 1 || lastLine(out) != c.want {
 				t.Errorf("%s: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", c.name, code, lastLine(out), c.want)
 			}
@@ -127,10 +127,10 @@ func TestRunKafkaSASL(t *testing.T) {
 	t.Run("wrong password", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
-		e := &env{t: t, dsn: withPassword(t, pg.DSN, pgSecret), brokers: ks.SASLBrokers, slot: testenv.UniqueName("slot")}
-		e.migrate()
+		e := &Env{T: t, DSN: withPassword(t, pg.DSN, pgSecret), Brokers: ks.SASLBrokers, Slot: testenv.UniqueName("slot")}
+		e.Migrate()
 		wrong := "wrong-" + testenv.UniqueName("pw")
-		args := e.args("--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User, "--log-level", "debug")
+		args := e.Args("--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User, "--log-level", "debug")
 		code, out := runEnv(t, []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + wrong}, args...)
 		want := fmt.Sprintf(`outboxd: Kafka: SASL authentication as %q with SCRAM-SHA-512 failed (check --kafka-sasl-username, the password and --kafka-sasl-mechanism): kafka: client has run out of available brokers to talk to: kafka server: SASL Authentication failed: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512`, ks.User)
 		if code != 1 || lastLine(out) != want {
@@ -171,19 +171,19 @@ func psql(t *testing.T) string {
 
 func TestRunAsLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
+	e := NewEnv(t, 3)
 	role := testenv.UniqueName("outboxd_role")
 	sqlFile := filepath.Join(testenv.RepoRoot(t), "deploy", "least-privilege.sql")
-	cmd := exec.Command(psql(t), "-X", "-q", "-d", e.dsn, "-v", "role="+role, "-v", "publication="+e.slot, "-f", sqlFile)
+	cmd := exec.Command(psql(t), "-X", "-q", "-d", e.DSN, "-v", "role="+role, "-v", "publication="+e.Slot, "-f", sqlFile)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("psql -f deploy/least-privilege.sql: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		e.exec(fmt.Sprintf(`DROP PUBLICATION IF EXISTS %s; DROP OWNED BY %s; DROP ROLE %s`, e.slot, role, role))
+		e.Exec(fmt.Sprintf(`DROP PUBLICATION IF EXISTS %s; DROP OWNED BY %s; DROP ROLE %s`, e.Slot, role, role))
 	})
 
 	var super, createDB, createRole, repl bool
-	c := e.conn()
+	c := e.Conn()
 	err := c.QueryRow(context.Background(), `SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication FROM pg_roles WHERE rolname = $1`,
 		role).Scan(&super, &createDB, &createRole, &repl)
 	c.Close(context.Background())
@@ -191,26 +191,26 @@ func TestRunAsLeastPrivilegeRole(t *testing.T) {
 		t.Fatalf("role %s: super %v createdb %v createrole %v replication %v (%v)", role, super, createDB, createRole, repl, err)
 	}
 
-	admin := e.dsn
-	e.dsn = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
-	d := e.start() // creates the slot as the role
-	e.dsn = admin
-	if err := e.write(context.Background(), load{writers: 2, aggregates: 20, total: 1000, maxTxn: 10}); err != nil {
+	admin := e.DSN
+	e.DSN = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
+	d := e.Start() // creates the slot as the role
+	e.DSN = admin
+	if err := e.Write(context.Background(), Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(time.Minute)
+	v, n := e.Delivered(time.Minute)
 	t.Logf("as least-privilege role %s: %d events: %s", role, n, v)
-	if v != (verdict{}) {
+	if v != (Verdict{}) {
 		t.Fatalf("as the least-privilege role: %s", v)
 	}
-	d.stop()
+	d.Stop()
 
 	// The role really has no access to the table's rows.
-	e.dsn = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
-	c = e.conn()
+	e.DSN = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
+	c = e.Conn()
 	_, err = c.Exec(context.Background(), `SELECT count(*) FROM outbox`)
 	c.Close(context.Background())
-	e.dsn = admin
+	e.DSN = admin
 	if err == nil || !strings.Contains(err.Error(), "permission denied") {
 		t.Fatalf("SELECT on outbox as the role: %v, want permission denied", err)
 	}
@@ -220,7 +220,7 @@ func TestRunAsLeastPrivilegeRole(t *testing.T) {
 // returns its exit code and all its output.
 func runEnv(t *testing.T, extraEnv []string, args ...string) (int, string) {
 	t.Helper()
-	p := testproc.StartEnv(t, extraEnv, binPath, args...)
+	p := testproc.StartEnv(t, extraEnv, BinPath, args...)
 	code := p.Wait(90 * time.Second)
 	return code, p.Output()
 }

@@ -25,15 +25,15 @@ func headerPairs(m *sarama.ConsumerMessage) []string {
 
 // debeziumTable creates an outbox table of the Outbox Event Router's
 // documented shape and returns its name.
-func debeziumTable(e *env) string {
+func debeziumTable(e *Env) string {
 	table := testenv.UniqueName("outboxevent")
-	e.exec(fmt.Sprintf(`CREATE TABLE %q (
+	e.Exec(fmt.Sprintf(`CREATE TABLE %q (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
 		aggregatetype varchar(255) NOT NULL,
 		aggregateid varchar(255) NOT NULL,
 		type varchar(255) NOT NULL,
 		payload jsonb)`, table))
-	e.t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	e.T.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
 	return table
 }
 
@@ -49,7 +49,7 @@ type dbzRow struct {
 // string, value the payload text as a JSON string, one header: id=<uuid>.
 func TestRunDebeziumFormat(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	table := debeziumTable(e)
 	// Upper case survives: the router routes verbatim.
@@ -57,8 +57,8 @@ func TestRunDebeziumFormat(t *testing.T) {
 	createTopic(t, k.Brokers, "outbox.event."+order, 3)
 	createTopic(t, k.Brokers, "outbox.event."+customer, 3)
 
-	d := e.start("--table", table, "--format", "debezium")
-	c := e.conn()
+	d := e.Start("--table", table, "--format", "debezium")
+	c := e.Conn()
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	payloads := []string{
@@ -84,7 +84,7 @@ func TestRunDebeziumFormat(t *testing.T) {
 	var got []*sarama.ConsumerMessage
 	got = append(got, k.ReadAll(t, "outbox.event."+order, 20, 60*time.Second)...)
 	got = append(got, k.ReadAll(t, "outbox.event."+customer, 10, 60*time.Second)...)
-	d.stop()
+	d.Stop()
 
 	byID := map[string]*sarama.ConsumerMessage{}
 	for _, m := range got {
@@ -140,19 +140,19 @@ func TestRunDebeziumFormat(t *testing.T) {
 // routes, and the timestamp comes from the row.
 func TestRunHeadersColumnAndMapping(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	kind := testenv.UniqueName("kind")
 	createTopic(t, k.Brokers, "events."+kind, 1)
-	e.exec(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS kind text`)
-	d := e.start("--topic-template", "events.{kind}", "--header-column", "kind=eventKind", "--timestamp-column", "created_at")
+	e.Exec(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS kind text`)
+	d := e.Start("--topic-template", "events.{kind}", "--header-column", "kind=eventKind", "--timestamp-column", "created_at")
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	created := time.Date(2026, 11, 30, 12, 0, 0, 123000000, time.UTC)
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, kind, headers, created_at)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, kind, headers, created_at)
 		VALUES ('a-1', 'unused', '{"n": 1}', $1, jsonb_build_object('traceparent', $2::text, 'tracestate', 'congo=t61rcWkgMzE'), $3)`,
 		kind, tp, created)
 	got := k.ReadAll(t, "events."+kind, 1, 60*time.Second)
-	d.stop()
+	d.Stop()
 	if len(got) != 1 {
 		t.Fatalf("%d records, want 1", len(got))
 	}
@@ -182,15 +182,15 @@ func TestRunHeadersColumnAndMapping(t *testing.T) {
 // wrong type stops outboxd before it streams, with one line naming it.
 func TestRunMappedColumnPreflight(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	table := testenv.UniqueName("badshape")
-	e.exec(fmt.Sprintf(`CREATE TABLE %q (id text PRIMARY KEY, aggregateid text, payload jsonb)`, table))
-	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	e.Exec(fmt.Sprintf(`CREATE TABLE %q (id text PRIMARY KEY, aggregateid text, payload jsonb)`, table))
+	t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
 	expectExit(t, fmt.Sprintf(`outbox column "id" of public.%s (the id) is text, outboxd reads bigint, integer, smallint, uuid there: change its type or map another column`, table),
-		e.args("--table", table, "--format", "debezium")...)
-	e.exec(fmt.Sprintf(`ALTER TABLE %q ALTER COLUMN id TYPE uuid USING gen_random_uuid()`, table))
+		e.Args("--table", table, "--format", "debezium")...)
+	e.Exec(fmt.Sprintf(`ALTER TABLE %q ALTER COLUMN id TYPE uuid USING gen_random_uuid()`, table))
 	expectExit(t, fmt.Sprintf(`outbox table public.%s has no column "aggregatetype" (the topic template placeholder): add it (see migrations/001_outbox.sql) or map another column`, table),
-		e.args("--table", table, "--format", "debezium")...)
+		e.Args("--table", table, "--format", "debezium")...)
 }
 
 // TestRunTakesOverDebeziumSlot is the handover README's migration guide
@@ -202,31 +202,31 @@ func TestRunMappedColumnPreflight(t *testing.T) {
 // rows after that position: none lost, none replayed.
 func TestRunTakesOverDebeziumSlot(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	table := debeziumTable(e)
 	agg := "Order_" + table
 	createTopic(t, k.Brokers, "outbox.event."+agg, 1)
 	dbzSlot, dbzPub := testenv.UniqueName("debezium"), testenv.UniqueName("dbz_publication")
-	e.exec(fmt.Sprintf(`CREATE PUBLICATION %q FOR ALL TABLES`, dbzPub))
-	e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, dbzSlot)
+	e.Exec(fmt.Sprintf(`CREATE PUBLICATION %q FOR ALL TABLES`, dbzPub))
+	e.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, dbzSlot)
 	insert := func(from, to int) {
 		for i := from; i < to; i++ {
-			e.exec(fmt.Sprintf(`INSERT INTO %q (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'Created', $3)`, table),
+			e.Exec(fmt.Sprintf(`INSERT INTO %q (aggregatetype, aggregateid, type, payload) VALUES ($1, $2, 'Created', $3)`, table),
 				agg, "a", fmt.Sprintf(`{"n": %d}`, i))
 		}
 	}
 	insert(0, 50) // published by Debezium, which confirmed them
-	e.exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, dbzSlot)
+	e.Exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, dbzSlot)
 	insert(50, 80) // committed while neither runs
 
-	d := e.start("--table", table, "--format", "debezium", "--slot", dbzSlot, "--publication", dbzPub, "--no-create")
+	d := e.Start("--table", table, "--format", "debezium", "--slot", dbzSlot, "--publication", dbzPub, "--no-create")
 	insert(80, 100) // while outboxd streams
 	got := k.ReadAll(t, "outbox.event."+agg, 50, 60*time.Second)
 	// ReadAll stops at 50: read again, asking for one more than can be
 	// there, to see that nothing else arrives within 3 s.
 	more := k.ReadAll(t, "outbox.event."+agg, 51, 3*time.Second)
-	d.stop()
+	d.Stop()
 	if len(more) != 50 || len(got) != 50 {
 		t.Fatalf("%d records (then %d), want exactly the 50 rows after Debezium's confirmed position", len(got), len(more))
 	}
@@ -245,29 +245,29 @@ func TestRunTakesOverDebeziumSlot(t *testing.T) {
 // partition that were committed before the drop.
 func TestRunPartitionedOutbox(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	table := testenv.UniqueName("outbox_part")
-	e.exec(fmt.Sprintf(`CREATE TABLE %[1]q (
+	e.Exec(fmt.Sprintf(`CREATE TABLE %[1]q (
 		id bigserial, aggregate_id text NOT NULL, topic text NOT NULL, payload jsonb NOT NULL,
 		created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (id, created_at)) PARTITION BY RANGE (created_at);
 		CREATE TABLE %[2]q PARTITION OF %[1]q FOR VALUES FROM ('2026-11-01') TO ('2026-11-02');
 		CREATE TABLE %[3]q PARTITION OF %[1]q FOR VALUES FROM ('2026-11-02') TO ('2026-11-03');`,
 		table, table+"_d1", table+"_d2"))
-	t.Cleanup(func() { e.exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
+	t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
 	insert := func(day string, from, to int) {
 		for i := from; i < to; i++ {
-			e.exec(fmt.Sprintf(`INSERT INTO %q (aggregate_id, topic, payload, created_at) VALUES ($1, $2, $3, $4)`, table),
-				fmt.Sprintf("agg-%d", i%5), e.topic, fmt.Sprintf(`{"n": %d}`, i), day)
+			e.Exec(fmt.Sprintf(`INSERT INTO %q (aggregate_id, topic, payload, created_at) VALUES ($1, $2, $3, $4)`, table),
+				fmt.Sprintf("agg-%d", i%5), e.Topic, fmt.Sprintf(`{"n": %d}`, i), day)
 		}
 	}
-	d := e.start("--table", table)
+	d := e.Start("--table", table)
 	insert("2026-11-01 10:00:00+00", 0, 100)
 	insert("2026-11-02 10:00:00+00", 100, 150)
 	// Retention by partition: the day-1 partition goes while outboxd runs.
-	e.exec(fmt.Sprintf(`DROP TABLE %q`, table+"_d1"))
+	e.Exec(fmt.Sprintf(`DROP TABLE %q`, table+"_d1"))
 	insert("2026-11-02 11:00:00+00", 150, 200)
-	got := testenv.Kafka(t).ReadAll(t, e.topic, 200, 60*time.Second)
-	d.stop()
+	got := testenv.Kafka(t).ReadAll(t, e.Topic, 200, 60*time.Second)
+	d.Stop()
 	seen := map[string]int{}
 	last := map[string]int{}
 	for _, m := range got {
@@ -291,13 +291,13 @@ func TestRunPartitionedOutbox(t *testing.T) {
 // Debezium's Outbox Event Router sends it, and the rows after it arrive.
 func TestRunDebeziumNullPayloadIsTombstone(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	table := debeziumTable(e)
 	typ := "Order_" + table
 	createTopic(t, k.Brokers, "outbox.event."+typ, 1)
-	d := e.start("--table", table, "--format", "debezium", "--header-column", "type=eventType")
-	c := e.conn()
+	d := e.Start("--table", table, "--format", "debezium", "--header-column", "type=eventType")
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var ids []string
 	for _, p := range []*string{ptr(`{"n": 1}`), nil, ptr(`{"n": 3}`)} {
@@ -309,15 +309,15 @@ func TestRunDebeziumNullPayloadIsTombstone(t *testing.T) {
 		ids = append(ids, id)
 	}
 	got := k.ReadAll(t, "outbox.event."+typ, 3, 60*time.Second)
-	d.stop()
+	d.Stop()
 	if len(got) != 3 {
 		t.Fatalf("%d records, want 3: the tombstone and the rows around it", len(got))
 	}
 	m := got[1]
-	if m.Value != nil || string(m.Key) != `"order-1"` || header(m, "id") != ids[1] || header(m, "eventType") != "Deleted" {
+	if m.Value != nil || string(m.Key) != `"order-1"` || Header(m, "id") != ids[1] || Header(m, "eventType") != "Deleted" {
 		t.Fatalf("NULL payload: key %s value %q headers %q, want key \"order-1\", a null value, id=%s and eventType=Deleted", m.Key, m.Value, headerPairs(m), ids[1])
 	}
-	if string(got[2].Value) != `"{\"n\": 3}"` || header(got[2], "id") != ids[2] {
+	if string(got[2].Value) != `"{\"n\": 3}"` || Header(got[2], "id") != ids[2] {
 		t.Fatalf("row after the tombstone: value %s headers %q", got[2].Value, headerPairs(got[2]))
 	}
 }

@@ -23,28 +23,28 @@ func TestRunExactlyOnceIdlePastTransactionalIDExpiration(t *testing.T) {
 	})
 	k := &testenv.KafkaEnv{Brokers: srv.Brokers}
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: srv.Brokers, topic: k.Topic(t, "idle", 1), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: srv.Brokers, Topic: k.Topic(t, "idle", 1), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	// No idle checkpoint commits: they would keep the transactional id alive.
 	args := eosArgs("--checkpoint-interval", "1h", "--kafka-delivery-timeout", "5s", "--kafka-txn-timeout", "10s")
-	d := e.start(args...)
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 1}')`, e.topic)
-	if v, n := e.delivered(time.Minute); n != 1 || v.lost != 0 || v.duplicated != 0 {
+	d := e.Start(args...)
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 1}')`, e.Topic)
+	if v, n := e.Delivered(time.Minute); n != 1 || v.Lost != 0 || v.Duplicated != 0 {
 		t.Fatalf("first event: %s", v)
 	}
 	idle := time.Now()
 	waitFor(t, 2*time.Minute, func() bool { return !hasTransactions(t, srv.Brokers) })
 	t.Logf("transactional id forgotten after %s idle", time.Since(idle).Round(time.Second))
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 2}')`, e.topic)
-	v, n := e.delivered(time.Minute)
-	if n != 2 || v.lost != 0 || v.duplicated != 0 || v.reordered != 0 {
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 2}')`, e.Topic)
+	v, n := e.Delivered(time.Minute)
+	if n != 2 || v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 {
 		t.Fatalf("after the expiry: %d events, %s", n, v)
 	}
-	if d.exited() || strings.Contains(d.out.String(), "fenced") {
-		t.Fatalf("outboxd exited or called itself fenced; output:\n%s", d.p.Tail(30))
+	if d.Exited() || strings.Contains(d.Out.String(), "fenced") {
+		t.Fatalf("outboxd exited or called itself fenced; output:\n%s", d.P.Tail(30))
 	}
-	t.Logf("second event published after the expiry; restarts in the log: %d", strings.Count(d.out.String(), "restarting pipeline"))
-	d.stop()
+	t.Logf("second event published after the expiry; restarts in the log: %d", strings.Count(d.Out.String(), "restarting pipeline"))
+	d.Stop()
 }
 
 // hasTransactions reports whether the broker knows any transactional id.

@@ -44,8 +44,8 @@ func TestSharedCluster(t *testing.T) {
 // slot and topic, its process, its load.
 type deployment struct {
 	name   string
-	e      *env
-	d      *daemon
+	e      *Env
+	d      *Daemon
 	args   []string
 	writes <-chan error
 	// restartTimes are how long each restart took to be ready to publish
@@ -60,8 +60,8 @@ type deployment struct {
 // it took to stream.
 func (dp *deployment) start() {
 	began := time.Now()
-	dp.d = dp.e.start(dp.args...)
-	dp.d.waitLog("checkpoint read", time.Minute)
+	dp.d = dp.e.Start(dp.args...)
+	dp.d.WaitLog("checkpoint read", time.Minute)
 	dp.restartTimes = append(dp.restartTimes, time.Since(began))
 }
 
@@ -69,19 +69,19 @@ func (dp *deployment) start() {
 // it fails at once, with outboxd's last lines, if outboxd exited.
 func (dp *deployment) publishes(t *testing.T, n int64) {
 	t.Helper()
-	base := endOffsets(dp.e.brokers, dp.e.topic)
+	base := endOffsets(dp.e.Brokers, dp.e.Topic)
 	waitFor(t, time.Minute, func() bool {
-		if dp.d.exited() {
-			t.Fatalf("%s: outboxd exited (%d):\n%s", dp.name, dp.d.code, dp.d.p.Tail(10))
+		if dp.d.Exited() {
+			t.Fatalf("%s: outboxd exited (%d):\n%s", dp.name, dp.d.Code, dp.d.P.Tail(10))
 		}
-		return endOffsets(dp.e.brokers, dp.e.topic) >= base+n
+		return endOffsets(dp.e.Brokers, dp.e.Topic) >= base+n
 	})
 }
 
 // alive notes an exit nobody asked for.
 func (dp *deployment) alive() {
-	if dp.d.exited() && !slices.Contains(dp.exits, dp.d.out.String()) {
-		dp.exits = append(dp.exits, dp.d.out.String())
+	if dp.d.Exited() && !slices.Contains(dp.exits, dp.d.Out.String()) {
+		dp.exits = append(dp.exits, dp.d.Out.String())
 	}
 }
 
@@ -99,20 +99,20 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 	ds := make([]*deployment, 5)
 	for i := range ds {
 		pg := testenv.Postgres(t)
-		e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, fmt.Sprintf("shared%d", i), 3),
-			slot: testenv.UniqueName("slot")}
-		e.migrate()
+		e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, fmt.Sprintf("shared%d", i), 3),
+			Slot: testenv.UniqueName("slot")}
+		e.Migrate()
 		// The default checkpoint topic: shared by all five.
 		ds[i] = &deployment{name: fmt.Sprintf("d%d", i), e: e, args: []string{"--delivery", "exactly-once"}}
 	}
 	// The five first starts at once (each creates its slot, one the
 	// checkpoint topic): one after another they took five start-ups.
 	for _, dp := range ds {
-		dp.d = startDaemon(t, dp.e.args(dp.args...)...)
+		dp.d = StartDaemon(t, dp.e.Args(dp.args...)...)
 	}
 	for _, dp := range ds {
-		dp.d.waitLog("streaming", 60*time.Second)
-		dp.d.waitLog("checkpoint read", time.Minute)
+		dp.d.WaitLog("streaming", 60*time.Second)
+		dp.d.WaitLog("checkpoint read", time.Minute)
 		dp.writes = dp.e.steady(ctx, 50)
 	}
 	for _, dp := range ds {
@@ -133,9 +133,9 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 			dp.publishes(t, 20)
 		}
 		openAtFaults = append(openAtFaults, len(ongoingTxns(t, c.Brokers())))
-		killed.d.kill9()
+		killed.d.Kill9()
 		killed.kills++
-		restarted.d.stop()
+		restarted.d.Stop()
 		restarted.stops++
 		restarted.start()
 		killed.start()
@@ -156,10 +156,10 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 	var pastHolder []string
 	for _, dp := range ds[2:4] {
 		dp.publishes(t, 20)
-		if !txnOpenOnCheckpoints(t, c.Brokers(), holder.e.slot) {
+		if !txnOpenOnCheckpoints(t, c.Brokers(), holder.e.Slot) {
 			t.Fatalf("%s's transaction no longer holds the checkpoint partition", holder.name)
 		}
-		dp.d.stop()
+		dp.d.Stop()
 		dp.stops++
 		dp.start()
 		took := dp.restartTimes[len(dp.restartTimes)-1]
@@ -185,8 +185,8 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 	var lines []string
 	for _, dp := range ds {
 		dp.alive()
-		v, n := dp.e.delivered(3 * time.Minute)
-		out := dp.d.out.String()
+		v, n := dp.e.Delivered(3 * time.Minute)
+		out := dp.d.Out.String()
 		restarts := dp.d.restarts()
 		times := make([]string, len(dp.restartTimes))
 		for i, d := range dp.restartTimes {
@@ -194,18 +194,18 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 		}
 		lines = append(lines, fmt.Sprintf("%s: %d events, %s; kill -9 %d, clean restarts %d, start→checkpoint read [%s], restarts in the last run %v",
 			dp.name, n, v, dp.kills, dp.stops, strings.Join(times, " "), restarts))
-		if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+		if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 			t.Errorf("%s: %s", dp.name, v)
 		}
 		for _, exit := range dp.exits {
 			t.Errorf("%s exited by itself:\n%s", dp.name, exit[max(0, len(exit)-3000):])
 		}
 		if strings.Contains(out, "halting") || strings.Contains(out, "fenced") {
-			t.Errorf("%s halted or called itself fenced:\n%s", dp.name, dp.d.p.Tail(30))
+			t.Errorf("%s halted or called itself fenced:\n%s", dp.name, dp.d.P.Tail(30))
 		}
 	}
 	for _, dp := range ds {
-		dp.d.stop()
+		dp.d.Stop()
 	}
 	t.Logf("five exactly-once deployments, one cluster, one checkpoint topic, %d rounds of kill -9 + clean restart "+
 		"(ongoing transactions in the cluster at each fault: %v), %s in all:\n%s",
@@ -223,21 +223,21 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 func killInCheckpointWindow(t *testing.T, brokers []string, dp *deployment) int {
 	t.Helper()
 	for attempt := 1; attempt <= 300; attempt++ {
-		_ = syscall.Kill(dp.d.pid(), syscall.SIGSTOP)
-		if txnOpenOnCheckpoints(t, brokers, dp.e.slot) {
+		_ = syscall.Kill(dp.d.PID(), syscall.SIGSTOP)
+		if txnOpenOnCheckpoints(t, brokers, dp.e.Slot) {
 			// An EndTxn sent just before the freeze still completes: ask
 			// again once it would have.
 			deadline := time.Now().Add(500 * time.Millisecond)
 			open := true
 			for open && time.Now().Before(deadline) {
-				open = txnOpenOnCheckpoints(t, brokers, dp.e.slot)
+				open = txnOpenOnCheckpoints(t, brokers, dp.e.Slot)
 			}
 			if open {
-				dp.d.kill9()
+				dp.d.Kill9()
 				return attempt
 			}
 		}
-		_ = syscall.Kill(dp.d.pid(), syscall.SIGCONT)
+		_ = syscall.Kill(dp.d.PID(), syscall.SIGCONT)
 		dp.publishes(t, 1)
 	}
 	t.Fatalf("%s was never caught with its transaction open on the checkpoint partition", dp.name)
@@ -357,20 +357,20 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 	coordinator := pc.coordinator
 	began := time.Now()
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "txnleader", 3), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "txnleader", 3), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	probeTopic := c.CreateTopic(t, "probe", 1)
 	txnTimeout := pc.txn
-	d := e.start(eosArgs("--kafka-delivery-timeout", pc.delivery.String(), "--kafka-txn-timeout", txnTimeout.String())...)
+	d := e.Start(eosArgs("--kafka-delivery-timeout", pc.delivery.String(), "--kafka-txn-timeout", txnTimeout.String())...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 100)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 200 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 200 })
 	var coord int
 	waitFor(t, 30*time.Second, func() bool { coord = coordinatorOf(t, c); return coord >= 0 })
 	victim, leads := -1, false
 	for p := range int32(3) {
-		l := c.LeaderOf(e.topic, p)
+		l := c.LeaderOf(e.Topic, p)
 		if coordinator && l == coord {
 			leads = true
 		}
@@ -383,7 +383,7 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 		victim = coord
 		t.Logf("pausing the coordinator, node %d (leads a partition of the topic: %v)", coord, leads)
 	} else if victim < 0 {
-		victim = c.LeaderOf(e.topic, 0)
+		victim = c.LeaderOf(e.Topic, 0)
 		t.Logf("every partition is led by the coordinator (node %d): pausing it", coord)
 	}
 	pausedAt, paused := time.Now(), true
@@ -394,23 +394,23 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 		}
 	}()
 	for time.Since(pausedAt) < pc.pause { // the fault's length, watching outboxd
-		if d.exited() {
-			t.Fatalf("outboxd exited (%d) while node %d was paused:\n%s", d.code, victim, d.p.Tail(30))
+		if d.Exited() {
+			t.Fatalf("outboxd exited (%d) while node %d was paused:\n%s", d.Code, victim, d.P.Tail(30))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.Node(victim).Resume()
 	resumed := time.Now()
 	paused = false
-	c.WaitInSync(e.topic)
-	accepted, published := recovery(t, e.brokers, e.topic, probeTopic, 2*time.Minute)
+	c.WaitInSync(e.Topic)
+	accepted, published := recovery(t, e.Brokers, e.Topic, probeTopic, 2*time.Minute)
 	// A few more seconds of load: no restart loop after recovery.
 	restartsAfter := 0
 	for _, n := range d.restarts() {
 		restartsAfter += n
 	}
-	base := endOffsets(e.brokers, e.topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > base+300 })
+	base := endOffsets(e.Brokers, e.Topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > base+300 })
 	restartsLater := 0
 	for _, n := range d.restarts() {
 		restartsLater += n
@@ -419,8 +419,8 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(3 * time.Minute)
-	out := d.out.String()
+	v, n := e.Delivered(3 * time.Minute)
+	out := d.Out.String()
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "restarting pipeline") || strings.Contains(l, "transaction") && strings.Contains(l, "ERROR") {
 			t.Logf("outboxd: %.900s", l)
@@ -431,14 +431,14 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 		"txn timeouts in the log %d; %s in all",
 		victim, coord, pc.pause, txnTimeout, pc.delivery, n, v, accepted.Sub(resumed).Round(time.Millisecond), published.Sub(accepted).Round(time.Millisecond),
 		d.restarts(), restartsLater-restartsAfter, strings.Count(out, "--kafka-txn-timeout"), time.Since(began).Round(time.Second))
-	if v.lost != 0 || v.duplicated != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Errorf("%s", v)
 	}
-	if d.exited() || strings.Contains(out, "halting") {
-		t.Fatalf("outboxd halted (exit %d):\n%s", d.code, d.p.Tail(30))
+	if d.Exited() || strings.Contains(out, "halting") {
+		t.Fatalf("outboxd halted (exit %d):\n%s", d.Code, d.P.Tail(30))
 	}
 	if restartsLater-restartsAfter > 0 {
 		t.Errorf("outboxd restarted %d times after it had recovered: a restart loop", restartsLater-restartsAfter)
 	}
-	d.stop()
+	d.Stop()
 }

@@ -29,49 +29,49 @@ import (
 func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 	began := time.Now()
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "deleted", 6), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "deleted", 6), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	args := []string{"--kafka-unknown-topic-timeout", "3s"}
-	d := e.start(args...)
+	d := e.Start(args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 200)
-	old := recordIDs(t, c.Brokers(), e.topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 600 })
+	old := recordIDs(t, c.Brokers(), e.Topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 600 })
 	deletedAt := deleteWhileFrozen(t, c, e, d, old)
-	code := d.wait(2 * time.Minute)
+	code := d.Wait(2 * time.Minute)
 	halted := time.Since(deletedAt)
-	out := d.out.String()
+	out := d.Out.String()
 	if code == 0 || strings.Contains(out, "panic") || !strings.Contains(out, "halting") ||
-		!strings.Contains(out, e.topic) || !strings.Contains(out, "--kafka-unknown-topic-timeout") {
-		t.Fatalf("after the delete: exit %d, want a halt naming the topic and --kafka-unknown-topic-timeout, no panic:\n%s", code, d.p.Tail(20))
+		!strings.Contains(out, e.Topic) || !strings.Contains(out, "--kafka-unknown-topic-timeout") {
+		t.Fatalf("after the delete: exit %d, want a halt naming the topic and --kafka-unknown-topic-timeout, no panic:\n%s", code, d.P.Tail(20))
 	}
 	oldIDs := old.stop()
 
 	// Created again, and restarted.
-	recreateTopic(t, c, e.topic, 6)
+	recreateTopic(t, c, e.Topic, 6)
 	restarted := time.Now()
-	d = e.start(args...)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 0 })
+	d = e.Start(args...)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 0 })
 	resumed := time.Since(restarted)
-	base := endOffsets(e.brokers, e.topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > base+200 })
+	base := endOffsets(e.Brokers, e.Topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > base+200 })
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	want := e.rows()
-	fresh := map[int64]row{}
+	want := e.Rows()
+	fresh := map[int64]Row{}
 	for id, r := range want {
 		if !oldIDs[id] {
 			fresh[id] = r
 		}
 	}
-	got := consume(t, e.brokers, e.topic, fresh, 3*time.Minute)
-	v := verify(t, want, got) // lost counts the rows only in the old topic
+	got := Consume(t, e.Brokers, e.Topic, fresh, 3*time.Minute)
+	v := Verify(t, want, got) // lost counts the rows only in the old topic
 	inNew := map[int64]bool{}
 	for _, m := range got {
-		if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+		if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
 			inNew[id] = true
 		}
 	}
@@ -86,13 +86,13 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 		len(oldIDs), halted.Round(time.Millisecond), code, resumed.Round(time.Millisecond),
 		len(want), len(oldIDs), len(inNew), len(inNew)+len(oldIDs)-len(want), lost, v, time.Since(began).Round(time.Second))
 	t.Logf("the halt: %s", lastLine(out))
-	if lost != 0 || v.reordered != 0 || v.corrupt != 0 || v.duplicated != 0 {
+	if lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || v.Duplicated != 0 {
 		t.Errorf("lost %d, new topic %s", lost, v)
 	}
 	if halted > 30*time.Second {
 		t.Errorf("the halt came %s after the delete, want within --kafka-unknown-topic-timeout and a few lookups", halted)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // deleteWhileFrozen deletes e's topic while outboxd d is frozen (SIGSTOP)
@@ -100,13 +100,13 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 // knows every record the delete takes away; outboxd wakes up with events
 // to publish and records in flight, and the load goes on. It returns when
 // the delete was made.
-func deleteWhileFrozen(t *testing.T, c *testenv.KafkaCluster, e *env, d *daemon, old *idRecorder) time.Time {
+func deleteWhileFrozen(t *testing.T, c *testenv.KafkaCluster, e *Env, d *Daemon, old *idRecorder) time.Time {
 	t.Helper()
-	_ = syscall.Kill(d.pid(), syscall.SIGSTOP)
-	defer func() { _ = syscall.Kill(d.pid(), syscall.SIGCONT) }()
+	_ = syscall.Kill(d.PID(), syscall.SIGSTOP)
+	defer func() { _ = syscall.Kill(d.PID(), syscall.SIGCONT) }()
 	last := int64(-1)
 	waitFor(t, time.Minute, func() bool {
-		n := endOffsets(e.brokers, e.topic)
+		n := endOffsets(e.Brokers, e.Topic)
 		caught := n == last && old.read() >= n
 		last = n
 		return caught
@@ -116,7 +116,7 @@ func deleteWhileFrozen(t *testing.T, c *testenv.KafkaCluster, e *env, d *daemon,
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	if err := admin.DeleteTopic(e.topic); err != nil {
+	if err := admin.DeleteTopic(e.Topic); err != nil {
 		t.Fatal(err)
 	}
 	return time.Now()
@@ -154,62 +154,62 @@ func recreateTopic(t *testing.T, c *testenv.KafkaCluster, topic string, partitio
 func topicDeletedDeadLettered(t *testing.T, c *testenv.KafkaCluster) {
 	began := time.Now()
 	pg := testenv.Postgres(t)
-	e := &env{t: t, dsn: pg.DSN, brokers: c.Brokers(), topic: c.CreateTopic(t, "deleteddlq", 6), slot: testenv.UniqueName("slot")}
-	e.migrate()
+	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "deleteddlq", 6), Slot: testenv.UniqueName("slot")}
+	e.Migrate()
 	dlq := c.CreateTopic(t, "dlq", 1)
-	d := e.start("--kafka-unknown-topic-timeout", "3s", "--dead-letter-topic", dlq)
+	d := e.Start("--kafka-unknown-topic-timeout", "3s", "--dead-letter-topic", dlq)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writes := e.steady(ctx, 200)
-	old := recordIDs(t, c.Brokers(), e.topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 600 })
+	old := recordIDs(t, c.Brokers(), e.Topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 600 })
 	deletedAt := deleteWhileFrozen(t, c, e, d, old)
 	waitFor(t, time.Minute, func() bool {
-		if d.exited() {
-			t.Fatalf("outboxd exited (%d) after the delete:\n%s", d.code, d.p.Tail(20))
+		if d.Exited() {
+			t.Fatalf("outboxd exited (%d) after the delete:\n%s", d.Code, d.P.Tail(20))
 		}
-		return endOffsets(e.brokers, dlq) > 0
+		return endOffsets(e.Brokers, dlq) > 0
 	})
 	firstDead := time.Since(deletedAt)
 	oldIDs := old.stop()
-	recreateTopic(t, c, e.topic, 6)
+	recreateTopic(t, c, e.Topic, 6)
 	recreated := time.Now()
 	waitFor(t, time.Minute, func() bool {
-		if d.exited() {
-			t.Fatalf("outboxd exited (%d) after the topic was recreated:\n%s", d.code, d.p.Tail(20))
+		if d.Exited() {
+			t.Fatalf("outboxd exited (%d) after the topic was recreated:\n%s", d.Code, d.P.Tail(20))
 		}
-		return endOffsets(e.brokers, e.topic) > 0
+		return endOffsets(e.Brokers, e.Topic) > 0
 	})
 	resumed := time.Since(recreated)
-	base := endOffsets(e.brokers, e.topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > base+200 })
+	base := endOffsets(e.Brokers, e.Topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > base+200 })
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
-	want := e.rows()
+	want := e.Rows()
 	// Records stop being dead-lettered once the topic is back: the
 	// dead-letter topic is complete by now.
 	dead := map[int64]bool{}
-	fresh := map[int64]row{}
+	fresh := map[int64]Row{}
 	for id, r := range want {
 		if !oldIDs[id] {
 			fresh[id] = r
 		}
 	}
 	inNew := map[int64]bool{}
-	for _, m := range consume(t, e.brokers, dlq, map[int64]row{}, time.Minute) {
-		if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+	for _, m := range Consume(t, e.Brokers, dlq, map[int64]Row{}, time.Minute) {
+		if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
 			dead[id] = true
 		}
 	}
 	for id := range dead {
 		delete(fresh, id)
 	}
-	got := consume(t, e.brokers, e.topic, fresh, 3*time.Minute)
+	got := Consume(t, e.Brokers, e.Topic, fresh, 3*time.Minute)
 	twice := 0
 	for _, m := range got {
-		if id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64); err == nil {
+		if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
 			if inNew[id] || oldIDs[id] || dead[id] {
 				twice++
 			}
@@ -229,10 +229,10 @@ func topicDeletedDeadLettered(t *testing.T, c *testenv.KafkaCluster) {
 	if lost != 0 || twice != 0 {
 		t.Errorf("lost %d, twice %d", lost, twice)
 	}
-	if d.exited() || strings.Contains(d.out.String(), "panic") {
-		t.Fatalf("outboxd exited or panicked:\n%s", d.p.Tail(20))
+	if d.Exited() || strings.Contains(d.Out.String(), "panic") {
+		t.Fatalf("outboxd exited or panicked:\n%s", d.P.Tail(20))
 	}
-	d.stop()
+	d.Stop()
 }
 
 // idRecorder reads a topic's outbox ids as they arrive, until stopped or
@@ -277,7 +277,7 @@ func recordIDs(t *testing.T, brokers []string, topic string) *idRecorder {
 		go func() {
 			defer r.wg.Done()
 			for m := range pc.Messages() {
-				id, err := strconv.ParseInt(header(m, "outbox-id"), 10, 64)
+				id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64)
 				r.mu.Lock()
 				r.n++
 				if err == nil {

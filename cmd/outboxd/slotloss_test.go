@@ -19,39 +19,39 @@ import (
 // dedup by outbox-id), in per-key order.
 func TestRunSlotDroppedRefusesThenReplayRecovers(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
-	d := e.start()
+	e := NewEnv(t, 3)
+	d := e.Start()
 	ctx := context.Background()
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 500, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 500, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	e.delivered(time.Minute)
-	d.stop()
+	e.Delivered(time.Minute)
+	d.Stop()
 	stoppedAt := time.Now().UTC().Add(-time.Second)
 	// While outboxd is stopped: new events, and someone drops the slot.
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	e.exec(`SELECT pg_drop_replication_slot($1)`, e.slot)
+	e.Exec(`SELECT pg_drop_replication_slot($1)`, e.Slot)
 
-	refused := startDaemon(t, e.args()...)
-	if code := refused.wait(60 * time.Second); code == 0 || !strings.Contains(refused.out.String(), "gap between the checkpoint and the slot") {
-		t.Fatalf("run after the slot was dropped: exit %d\n%s\nwant a refusal naming the gap", code, refused.out.String())
+	refused := StartDaemon(t, e.Args()...)
+	if code := refused.Wait(60 * time.Second); code == 0 || !strings.Contains(refused.Out.String(), "gap between the checkpoint and the slot") {
+		t.Fatalf("run after the slot was dropped: exit %d\n%s\nwant a refusal naming the gap", code, refused.Out.String())
 	}
-	args := e.args("--since", stoppedAt.Format(time.RFC3339), "--resume")
+	args := e.Args("--since", stoppedAt.Format(time.RFC3339), "--resume")
 	args[0] = "replay"
-	r := startDaemon(t, args...)
-	r.waitLog("rows published again", 60*time.Second)
-	r.waitLog("streaming", 60*time.Second)
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+	r := StartDaemon(t, args...)
+	r.WaitLog("rows published again", 60*time.Second)
+	r.WaitLog("streaming", 60*time.Second)
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(2 * time.Minute)
+	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("slot dropped while stopped, replay --since --resume: %d events: %s", n, v)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("after replay: %s", v)
 	}
-	r.stop()
+	r.Stop()
 }
 
 // A slot invalidated by max_slot_wal_keep_size while outboxd was stopped
@@ -62,53 +62,53 @@ func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 	t.Parallel()
 	srv := testenv.StartPostgresVersion(t, pgTestVersion())
 	e, _ := serverEnv(t, srv, 3)
-	d := e.start()
+	d := e.Start()
 	ctx := context.Background()
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 300, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	e.delivered(time.Minute)
-	d.stop()
+	e.Delivered(time.Minute)
+	d.Stop()
 	stoppedAt := time.Now().UTC().Add(-time.Second)
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 200, maxTxn: 5}); err != nil {
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	// Other tables churn WAL past max_slot_wal_keep_size: the slot is lost.
-	e.exec(`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
-	e.exec(`SELECT pg_reload_conf()`)
-	e.exec(`CREATE TABLE churn (x text)`)
+	e.Exec(`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
+	e.Exec(`SELECT pg_reload_conf()`)
+	e.Exec(`CREATE TABLE churn (x text)`)
 	waitFor(t, 2*time.Minute, func() bool {
-		e.exec(`INSERT INTO churn SELECT repeat('x', 1000) FROM generate_series(1, 20000)`)
-		e.exec(`SELECT pg_switch_wal()`)
-		e.exec(`CHECKPOINT`)
-		c := e.conn()
+		e.Exec(`INSERT INTO churn SELECT repeat('x', 1000) FROM generate_series(1, 20000)`)
+		e.Exec(`SELECT pg_switch_wal()`)
+		e.Exec(`CHECKPOINT`)
+		c := e.Conn()
 		defer c.Close(ctx)
 		var status string
-		_ = c.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&status)
+		_ = c.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1`, e.Slot).Scan(&status)
 		return status == "lost"
 	})
-	e.exec(`ALTER SYSTEM RESET max_slot_wal_keep_size`)
-	e.exec(`SELECT pg_reload_conf()`)
+	e.Exec(`ALTER SYSTEM RESET max_slot_wal_keep_size`)
+	e.Exec(`SELECT pg_reload_conf()`)
 
-	refused := startDaemon(t, e.args()...)
-	if code := refused.wait(60 * time.Second); code == 0 || !strings.Contains(refused.out.String(), "lost WAL it needed") {
-		t.Fatalf("run with an invalidated slot: exit %d\n%s\nwant one clear refusal", code, refused.out.String())
+	refused := StartDaemon(t, e.Args()...)
+	if code := refused.Wait(60 * time.Second); code == 0 || !strings.Contains(refused.Out.String(), "lost WAL it needed") {
+		t.Fatalf("run with an invalidated slot: exit %d\n%s\nwant one clear refusal", code, refused.Out.String())
 	}
-	e.exec(`SELECT pg_drop_replication_slot($1)`, e.slot)
-	args := e.args("--since", stoppedAt.Format(time.RFC3339), "--resume")
+	e.Exec(`SELECT pg_drop_replication_slot($1)`, e.Slot)
+	args := e.Args("--since", stoppedAt.Format(time.RFC3339), "--resume")
 	args[0] = "replay"
-	r := startDaemon(t, args...)
-	r.waitLog("rows published again", 60*time.Second)
-	r.waitLog("streaming", 60*time.Second)
-	if err := e.write(ctx, load{writers: 2, aggregates: 20, total: 100, maxTxn: 5}); err != nil {
+	r := StartDaemon(t, args...)
+	r.WaitLog("rows published again", 60*time.Second)
+	r.WaitLog("streaming", 60*time.Second)
+	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 100, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.delivered(2 * time.Minute)
+	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("PostgreSQL %s, slot invalidated while stopped, replay --since --resume: %d events: %s", pgTestVersion(), n, v)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("after replay: %s", v)
 	}
-	r.stop()
+	r.Stop()
 }
 
 // Failover on PostgreSQL 15, which has no failover slots: the slot stays on
@@ -119,18 +119,18 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	t.Parallel()
 	primary := testenv.StartPostgresVersion(t, "15")
 	e, _ := serverEnv(t, primary, 3)
-	db := strings.TrimPrefix(mustURL(t, e.dsn).Path, "/")
+	db := strings.TrimPrefix(mustURL(t, e.DSN).Path, "/")
 	standby := primary.StartStandby(testenv.UniqueName("standby"))
-	e.dsn = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
+	e.DSN = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
 		primary.Port, standby.Port, db)
-	d := e.start()
+	d := e.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writers := make(chan error, 2)
 	for w := range 2 {
 		go func() { writers <- e.resilientWriter(ctx, w, 2, 100) }()
 	}
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) > 200 })
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 200 })
 	failedAt := time.Now().UTC().Add(-10 * time.Second)
 	primary.Stop("fast")
 	sc, err := pgx.Connect(context.Background(), standby.DSN)
@@ -141,14 +141,14 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	if _, err := sc.Exec(context.Background(), `SELECT pg_promote()`); err != nil {
 		t.Fatalf("promote: %v", err)
 	}
-	if code := d.wait(90 * time.Second); code == 0 || !strings.Contains(d.out.String(), "does not exist") {
-		t.Fatalf("outboxd after a failover without failover slots: exit %d\n%s\nwant it to stop: the slot is gone", code, d.p.Tail(20))
+	if code := d.Wait(90 * time.Second); code == 0 || !strings.Contains(d.Out.String(), "does not exist") {
+		t.Fatalf("outboxd after a failover without failover slots: exit %d\n%s\nwant it to stop: the slot is gone", code, d.P.Tail(20))
 	}
-	args := e.args("--since", failedAt.Format(time.RFC3339), "--resume")
+	args := e.Args("--since", failedAt.Format(time.RFC3339), "--resume")
 	args[0] = "replay"
-	r := startDaemon(t, args...)
-	r.waitLog("rows published again", 90*time.Second)
-	r.waitLog("streaming", 60*time.Second)
+	r := StartDaemon(t, args...)
+	r.WaitLog("rows published again", 90*time.Second)
+	r.WaitLog("streaming", 60*time.Second)
 	time.Sleep(2 * time.Second)
 	cancel()
 	for range 2 {
@@ -157,12 +157,12 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 		}
 	}
 	e.settle()
-	v, n := e.delivered(2 * time.Minute)
+	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("PostgreSQL 15 failover without failover slots, replay --since --resume: %d rows: %s", n, v)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("after the failover and replay: %s", v)
 	}
-	r.stop()
+	r.Stop()
 }
 
 // Retention never loses an event under CDC: rows deleted before outboxd
@@ -170,33 +170,33 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 // And --retention deletes old rows while outboxd streams.
 func TestRunRetentionDeletesRowsAndLosesNoEvent(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 3)
-	d := e.start()
-	d.stop()
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload, created_at)
+	e := NewEnv(t, 3)
+	d := e.Start()
+	d.Stop()
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, created_at)
 		SELECT 'agg-' || (g % 10), $1, jsonb_build_object('seq', g), now() - interval '2 hours'
-		FROM generate_series(1, 500) AS g ORDER BY g`, e.topic)
-	want := e.rows()
-	if code, out := runOnce(t, "prune", "--pg-dsn", e.dsn, "--older-than", "1h"); code != 0 || !strings.Contains(out, "deleted 500 outbox rows") {
+		FROM generate_series(1, 500) AS g ORDER BY g`, e.Topic)
+	want := e.Rows()
+	if code, out := runOnce(t, "prune", "--pg-dsn", e.DSN, "--older-than", "1h"); code != 0 || !strings.Contains(out, "deleted 500 outbox rows") {
 		t.Fatalf("prune: exit %d\n%s", code, out)
 	}
-	d = e.start("--retention", "1s", "--retention-interval", "200ms")
-	v := verify(t, want, consume(t, e.brokers, e.topic, want, time.Minute))
+	d = e.Start("--retention", "1s", "--retention-interval", "200ms")
+	v := Verify(t, want, Consume(t, e.Brokers, e.Topic, want, time.Minute))
 	t.Logf("500 rows deleted before outboxd read them: %s", v)
-	if v.lost != 0 || v.reordered != 0 || v.corrupt != 0 {
+	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("rows deleted before they were read: %s", v)
 	}
 	// New rows age past --retention 1s and go, while they are published.
-	e.exec(`INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'agg-1', $1, '{}' FROM generate_series(1, 100)`, e.topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.brokers, e.topic) >= 600 })
+	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'agg-1', $1, '{}' FROM generate_series(1, 100)`, e.Topic)
+	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 600 })
 	waitFor(t, time.Minute, func() bool {
-		c := e.conn()
+		c := e.Conn()
 		defer c.Close(context.Background())
 		var n int
 		return c.QueryRow(context.Background(), `SELECT count(*) FROM outbox`).Scan(&n) == nil && n == 0
 	})
-	if !strings.Contains(d.out.String(), "retention: deleted old outbox rows") {
+	if !strings.Contains(d.Out.String(), "retention: deleted old outbox rows") {
 		t.Errorf("no retention log line")
 	}
-	d.stop()
+	d.Stop()
 }

@@ -11,13 +11,13 @@ import (
 )
 
 // slotExists reports whether the env's slot exists.
-func (e *env) slotExists() bool {
-	e.t.Helper()
-	c := e.conn()
+func (e *Env) slotExists() bool {
+	e.T.Helper()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var n int
-	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil {
-		e.t.Fatal(err)
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot).Scan(&n); err != nil {
+		e.T.Fatal(err)
 	}
 	return n != 0
 }
@@ -38,9 +38,9 @@ func closedPort(t *testing.T) string {
 // start checks' bound, its last line containing want.
 func expectStartFailure(t *testing.T, want string, args ...string) {
 	t.Helper()
-	d := startDaemon(t, args...)
-	code := d.wait(90 * time.Second)
-	if got := lastLine(d.out.String()); code != 1 || !strings.Contains(got, want) {
+	d := StartDaemon(t, args...)
+	code := d.Wait(90 * time.Second)
+	if got := lastLine(d.Out.String()); code != 1 || !strings.Contains(got, want) {
 		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and a line containing:\n  %s", code, got, want)
 	}
 }
@@ -52,41 +52,41 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	t.Parallel()
 	t.Run("cdc, broker unreachable: exit, and no slot created", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
-		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
-			"--slot", e.slot, "--publication", e.slot, "--start-timeout", "0")
+		e := NewEnv(t, 1)
+		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
+			"--slot", e.Slot, "--publication", e.Slot, "--start-timeout", "0")
 		if e.slotExists() {
 			t.Errorf("the slot was created although Kafka was unreachable")
 		}
 	})
 	t.Run("poll, database unreachable", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
+		e := NewEnv(t, 1)
 		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
 			"--pg-dsn", "postgres://postgres@"+closedPort(t)+"/outboxd?sslmode=disable",
-			"--kafka-brokers", strings.Join(e.brokers, ","), "--start-timeout", "0")
+			"--kafka-brokers", strings.Join(e.Brokers, ","), "--start-timeout", "0")
 	})
 	// A server that refuses is tried again within --start-timeout, each
 	// attempt logged, and then the same one line ends the process: the wait
 	// is bounded and never silent.
 	for _, c := range []struct {
 		name, refusing, logged, last string
-		args                         func(e *env, addr string) []string
+		args                         func(e *Env, addr string) []string
 	}{
-		{"cdc, broker refusing", "Kafka", "Kafka is not reachable yet", "Kafka: no broker of --kafka-brokers", func(e *env, addr string) []string {
-			return []string{"run", "--pg-dsn", e.dsn, "--kafka-brokers", addr, "--slot", e.slot, "--publication", e.slot}
+		{"cdc, broker refusing", "Kafka", "Kafka is not reachable yet", "Kafka: no broker of --kafka-brokers", func(e *Env, addr string) []string {
+			return []string{"run", "--pg-dsn", e.DSN, "--kafka-brokers", addr, "--slot", e.Slot, "--publication", e.Slot}
 		}},
-		{"cdc, database refusing", "PostgreSQL", "PostgreSQL is not reachable yet", "connect to PostgreSQL", func(e *env, addr string) []string {
-			return []string{"run", "--pg-dsn", "postgres://postgres@" + addr + "/outboxd?sslmode=disable", "--kafka-brokers", strings.Join(e.brokers, ","),
-				"--slot", e.slot, "--publication", e.slot}
+		{"cdc, database refusing", "PostgreSQL", "PostgreSQL is not reachable yet", "connect to PostgreSQL", func(e *Env, addr string) []string {
+			return []string{"run", "--pg-dsn", "postgres://postgres@" + addr + "/outboxd?sslmode=disable", "--kafka-brokers", strings.Join(e.Brokers, ","),
+				"--slot", e.Slot, "--publication", e.Slot}
 		}},
 	} {
 		t.Run(c.name+": tried again within --start-timeout, each attempt logged", func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t, 1)
-			d := startDaemon(t, append(c.args(e, closedPort(t)), "--start-timeout", "3s")...)
-			code := d.wait(90 * time.Second)
-			out := d.out.String()
+			e := NewEnv(t, 1)
+			d := StartDaemon(t, append(c.args(e, closedPort(t)), "--start-timeout", "3s")...)
+			code := d.Wait(90 * time.Second)
+			out := d.Out.String()
 			if got := lastLine(out); code != 1 || !strings.Contains(got, c.last) {
 				t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and a line containing %q\n%s", code, got, c.last, out)
 			}
@@ -102,15 +102,15 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	}
 	t.Run("poll, table without published_at", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1) // outboxd migrate, not --source=poll
+		e := NewEnv(t, 1) // outboxd migrate, not --source=poll
 		expectStartFailure(t, `has no column "published_at": run "outboxd migrate --source=poll"`,
-			"run", "--source", "poll", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","))
+			"run", "--source", "poll", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","))
 	})
 	t.Run("poll, unknown host", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
+		e := NewEnv(t, 1)
 		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
-			"--pg-dsn", "postgres://postgres@no-such-host.invalid:5432/x", "--kafka-brokers", strings.Join(e.brokers, ","))
+			"--pg-dsn", "postgres://postgres@no-such-host.invalid:5432/x", "--kafka-brokers", strings.Join(e.Brokers, ","))
 	})
 }
 
@@ -118,26 +118,26 @@ func TestRunFailsFastAtStart(t *testing.T) {
 // creating nothing, and names each failing one.
 func TestConfigCheckConnect(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
-	brokers := strings.Join(e.brokers, ",")
-	d := startDaemon(t, "config", "check", "--connect", "--pg-dsn", e.dsn, "--kafka-brokers", brokers, "--slot", e.slot, "--publication", e.slot)
-	if code := d.wait(90 * time.Second); code != 0 || !strings.Contains(d.out.String(), "outboxd run can start") {
-		t.Fatalf("a good configuration: exit %d:\n%s", code, d.out.String())
+	e := NewEnv(t, 1)
+	brokers := strings.Join(e.Brokers, ",")
+	d := StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", brokers, "--slot", e.Slot, "--publication", e.Slot)
+	if code := d.Wait(90 * time.Second); code != 0 || !strings.Contains(d.Out.String(), "outboxd run can start") {
+		t.Fatalf("a good configuration: exit %d:\n%s", code, d.Out.String())
 	}
-	d = startDaemon(t, "config", "check", "--connect", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.slot,
+	d = StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.Slot,
 		"--start-timeout", "2s")
-	code := d.wait(90 * time.Second)
-	out := d.out.String()
+	code := d.Wait(90 * time.Second)
+	out := d.Out.String()
 	if code != 1 || strings.Count(out, "  FAIL ") != 2 || !strings.Contains(out, "outbox table public.nosuch does not exist") {
 		t.Fatalf("a bad configuration: exit %d, want 1 and two FAIL lines:\n%s", code, out)
 	}
 	if !strings.Contains(out, "Kafka is not reachable yet") {
 		t.Errorf("config check --connect waited for Kafka without a line saying so:\n%s", out)
 	}
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(context.Background())
 	var n int
-	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.slot).Scan(&n); err != nil || n != 0 {
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot).Scan(&n); err != nil || n != 0 {
 		t.Errorf("config check created the slot (%d, %v)", n, err)
 	}
 }
@@ -150,25 +150,25 @@ func TestRunServesHealthBeforeItConnects(t *testing.T) {
 	t.Parallel()
 	t.Run("busy metrics address: exit, and no slot created", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
+		e := NewEnv(t, 1)
 		busy, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer busy.Close()
-		expectStartFailure(t, "--metrics-addr", "run", "--pg-dsn", e.dsn, "--kafka-brokers", strings.Join(e.brokers, ","),
-			"--slot", e.slot, "--publication", e.slot, "--metrics-addr", busy.Addr().String())
+		expectStartFailure(t, "--metrics-addr", "run", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","),
+			"--slot", e.Slot, "--publication", e.Slot, "--metrics-addr", busy.Addr().String())
 		if e.slotExists() {
 			t.Errorf("the slot was created although --metrics-addr could not be opened")
 		}
 	})
 	t.Run("healthz while Kafka is unreachable", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t, 1)
+		e := NewEnv(t, 1)
 		addr := closedPort(t)
-		d := startDaemon(t, "run", "--pg-dsn", e.dsn, "--kafka-brokers", closedPort(t),
-			"--slot", e.slot, "--publication", e.slot, "--metrics-addr", addr)
-		defer d.kill9()
+		d := StartDaemon(t, "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
+			"--slot", e.Slot, "--publication", e.Slot, "--metrics-addr", addr)
+		defer d.Kill9()
 		get := func(path string) (int, string) {
 			resp, err := http.Get("http://" + addr + path)
 			if err != nil {
@@ -184,16 +184,16 @@ func TestRunServesHealthBeforeItConnects(t *testing.T) {
 			if code == http.StatusOK {
 				break
 			}
-			if d.exited() || time.Now().After(deadline) {
-				t.Fatalf("/healthz did not answer while start-up waited for Kafka (exited: %v):\n%s", d.exited(), d.out.String())
+			if d.Exited() || time.Now().After(deadline) {
+				t.Fatalf("/healthz did not answer while start-up waited for Kafka (exited: %v):\n%s", d.Exited(), d.Out.String())
 			}
 			time.Sleep(50 * time.Millisecond) // polling the address with a deadline
 		}
 		if code, body := get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
 			t.Errorf("/readyz during start-up: %d %q, want 503 saying starting", code, body)
 		}
-		if d.exited() {
-			t.Fatalf("outboxd exited while Kafka was unreachable for less than its start bound:\n%s", d.out.String())
+		if d.Exited() {
+			t.Fatalf("outboxd exited while Kafka was unreachable for less than its start bound:\n%s", d.Out.String())
 		}
 	})
 }

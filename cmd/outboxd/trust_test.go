@@ -20,12 +20,12 @@ import (
 // loginRole creates a role that can log in, with no grants at all unless
 // grants (SQL with %s for the role) say so, dropped at cleanup, and returns
 // a DSN that logs in as it.
-func (e *env) loginRole(prefix string, grants ...string) string {
-	e.t.Helper()
+func (e *Env) loginRole(prefix string, grants ...string) string {
+	e.T.Helper()
 	role := testenv.UniqueName(prefix)
-	e.exec(`CREATE ROLE ` + pgx.Identifier{role}.Sanitize() + ` LOGIN`)
-	e.t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), e.dsn)
+	e.Exec(`CREATE ROLE ` + pgx.Identifier{role}.Sanitize() + ` LOGIN`)
+	e.T.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), e.DSN)
 		if err != nil {
 			return
 		}
@@ -34,11 +34,11 @@ func (e *env) loginRole(prefix string, grants ...string) string {
 		_, _ = c.Exec(context.Background(), `DROP OWNED BY `+q+`; DROP ROLE `+q)
 	})
 	for _, g := range grants {
-		e.exec(fmt.Sprintf(g, pgx.Identifier{role}.Sanitize()))
+		e.Exec(fmt.Sprintf(g, pgx.Identifier{role}.Sanitize()))
 	}
-	u, err := url.Parse(e.dsn)
+	u, err := url.Parse(e.DSN)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	u.User = url.User(role)
 	return u.String()
@@ -52,21 +52,21 @@ func (e *env) loginRole(prefix string, grants ...string) string {
 // and a granted role's outbox_emit events arrive, in commit order.
 func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	intruder := e.loginRole("nogrant")
 	app := e.loginRole("app", `GRANT EXECUTE ON FUNCTION outbox_emit(text, text, jsonb, jsonb) TO %s`)
 	d, base := e.startWithMetrics()
-	d.waitLog("streaming", 60*time.Second)
+	d.WaitLog("streaming", 60*time.Second)
 	ctx := context.Background()
-	owner := e.conn()
+	owner := e.Conn()
 	defer owner.Close(ctx)
 	insert := func(n int) {
 		t.Helper()
-		if _, err := owner.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.topic, fmt.Sprintf(`{"row": %d}`, n)); err != nil {
+		if _, err := owner.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.Topic, fmt.Sprintf(`{"row": %d}`, n)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	fields := fmt.Sprintf(`%d:%s1:k2:{}{"forged": 1}`, len(e.topic), e.topic)
+	fields := fmt.Sprintf(`%d:%s1:k2:{}{"forged": 1}`, len(e.Topic), e.Topic)
 	forged := []string{
 		"v1:garbage",
 		"v1:" + fields,
@@ -109,21 +109,21 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ac.Close(ctx)
-	if _, err := ac.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"emitted": 3}')`, e.topic); err != nil {
+	if _, err := ac.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"emitted": 3}')`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, owner, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, "v1:"+fields); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"emitted": 4}')`, e.topic)
+		_, err := tx.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"emitted": 4}')`, e.Topic)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	insert(5)
-	got := testenv.Kafka(t).ReadAll(t, e.topic, 5, 60*time.Second)
+	got := testenv.Kafka(t).ReadAll(t, e.Topic, 5, 60*time.Second)
 	var vs []string
 	for _, m := range got {
 		vs = append(vs, string(m.Value))
@@ -132,8 +132,8 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 	if strings.Join(vs, " ") != want {
 		t.Fatalf("records %q, want %s (nothing forged)", vs, want)
 	}
-	if d.exited() {
-		t.Fatalf("outboxd exited:\n%s", d.out.String())
+	if d.Exited() {
+		t.Fatalf("outboxd exited:\n%s", d.Out.String())
 	}
 	var total float64
 	for _, r := range []string{"bad_mac", "malformed", "unauthenticated_v1", "unbound_v2", "replayed", "unknown_format", "not_transactional"} {
@@ -142,10 +142,10 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 	if total != float64(len(forged)+2) {
 		t.Errorf("outboxd_rejected_messages_total sums to %v, want %d", total, len(forged)+2)
 	}
-	if !strings.Contains(d.out.String(), "did not write") || !strings.Contains(d.out.String(), `"xid"`) {
-		t.Errorf("no warning with the LSN and xid of a skipped message:\n%s", d.out.String())
+	if !strings.Contains(d.Out.String(), "did not write") || !strings.Contains(d.Out.String(), `"xid"`) {
+		t.Errorf("no warning with the LSN and xid of a skipped message:\n%s", d.Out.String())
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestMigrateRevokesEmitFromPublic: status warns while PUBLIC can execute
@@ -153,19 +153,19 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 // a no-grant role cannot emit at all and the warning is gone.
 func TestMigrateRevokesEmitFromPublic(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	intruder := e.loginRole("nogrant")
 	status := func() string {
-		d := startDaemon(t, "status", "--pg-dsn", e.dsn, "--slot", e.slot, "--publication", e.slot, "--allow-inactive")
-		d.wait(60 * time.Second)
-		return d.out.String()
+		d := StartDaemon(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive")
+		d.Wait(60 * time.Second)
+		return d.Out.String()
 	}
 	if out := status(); !strings.Contains(out, "warning: PUBLIC can execute pg_logical_emit_message") {
 		t.Fatalf("status before migrate: no warning about PUBLIC:\n%s", out)
 	}
-	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
-	if code := m.wait(60 * time.Second); code != 0 || !strings.Contains(m.out.String(), "PUBLIC cannot execute pg_logical_emit_message") {
-		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	m := StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
+	if code := m.Wait(60 * time.Second); code != 0 || !strings.Contains(m.Out.String(), "PUBLIC cannot execute pg_logical_emit_message") {
+		t.Fatalf("migrate exited %d:\n%s", code, m.Out.String())
 	}
 	if out := status(); strings.Contains(out, "PUBLIC can execute") {
 		t.Fatalf("status after migrate still warns:\n%s", out)
@@ -187,66 +187,66 @@ func TestMigrateRevokesEmitFromPublic(t *testing.T) {
 // are.
 func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	old, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", "006_outbox_emit.sql"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version IN ('007', '008', '009')`)
-	e.exec(string(old))
-	d := startDaemon(t, e.args()...)
-	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `without its MAC key`) ||
-		!strings.Contains(d.out.String(), `run \"outboxd migrate\"`) {
-		t.Fatalf("outboxd on a pre-007 database exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.out.String())
+	e.Exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version IN ('007', '008', '009')`)
+	e.Exec(string(old))
+	d := StartDaemon(t, e.Args()...)
+	if code := d.Wait(60 * time.Second); code == 0 || !strings.Contains(d.Out.String(), `without its MAC key`) ||
+		!strings.Contains(d.Out.String(), `run \"outboxd migrate\"`) {
+		t.Fatalf("outboxd on a pre-007 database exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.Out.String())
 	}
 	ctx := context.Background()
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(ctx)
 	emit := func(payload string) {
 		t.Helper()
-		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.topic, payload); err != nil {
+		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.Topic, payload); err != nil {
 			t.Fatal(err)
 		}
 	}
 	emit(`{"backlog": 1}`) // the slot exists: the failed run created it
-	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
-	if code := m.wait(60 * time.Second); code != 0 {
-		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	m := StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
+	if code := m.Wait(60 * time.Second); code != 0 {
+		t.Fatalf("migrate exited %d:\n%s", code, m.Out.String())
 	}
-	fields := fmt.Sprintf(`%d:%s1:k2:{}{"late": "v1"}`, len(e.topic), e.topic)
+	fields := fmt.Sprintf(`%d:%s1:k2:{}{"late": "v1"}`, len(e.Topic), e.Topic)
 	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::text)`, "v1:"+fields); err != nil {
 		t.Fatal(err)
 	}
 	emit(`{"signed": 2}`)
-	d = e.start()
-	got := values(t, e, e.topic, 2)
+	d = e.Start()
+	got := values(t, e, e.Topic, 2)
 	if strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
 		t.Fatalf("records %q, want the v1 backlog and the signed event, not the v1 message after the upgrade", got)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // capture creates a pgoutput slot that sees what is written from now on,
 // as anyone reading WAL does (an archive, a base backup, a slot peek), and
 // returns a function giving the contents of the outboxd messages it holds.
-func (e *env) capture() func() [][]byte {
-	e.t.Helper()
+func (e *Env) capture() func() [][]byte {
+	e.T.Helper()
 	name := testenv.UniqueName("capture")
-	e.exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name)
+	e.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name)
 	return func() [][]byte {
-		e.t.Helper()
-		c := e.conn()
+		e.T.Helper()
+		c := e.Conn()
 		defer c.Close(context.Background())
 		rows, err := c.Query(context.Background(), `SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-			'proto_version', '1', 'publication_names', $2, 'messages', 'true')`, name, e.slot)
+			'proto_version', '1', 'publication_names', $2, 'messages', 'true')`, name, e.Slot)
 		if err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		var out [][]byte
 		for rows.Next() {
 			var b []byte
 			if err := rows.Scan(&b); err != nil {
-				e.t.Fatal(err)
+				e.T.Fatal(err)
 			}
 			// 'M', flags, LSN, prefix\0, length, content.
 			if len(b) < 10 || b[0] != 'M' {
@@ -258,7 +258,7 @@ func (e *env) capture() func() [][]byte {
 			}
 		}
 		if err := rows.Err(); err != nil {
-			e.t.Fatal(err)
+			e.T.Fatal(err)
 		}
 		return out
 	}
@@ -271,14 +271,14 @@ func (e *env) capture() func() [][]byte {
 // alone the replay was published a second time, under a new outbox-id.
 func TestRunReplayedMessageNotPublished(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	d, base := e.startWithMetrics()
-	d.waitLog("streaming", 60*time.Second)
+	d.WaitLog("streaming", 60*time.Second)
 	captured := e.capture()
 	ctx := context.Background()
-	owner := e.conn()
+	owner := e.Conn()
 	defer owner.Close(ctx)
-	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 1}')`, e.topic); err != nil {
+	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 1}')`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
 	msgs := captured()
@@ -293,19 +293,19 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 	if _, err := ic.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::bytea)`, msgs[0]); err != nil {
 		t.Fatalf("the no-grant role could not emit (the test needs PUBLIC to hold EXECUTE): %v", err)
 	}
-	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 2}')`, e.topic); err != nil {
+	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 2}')`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
-	if got := values(t, e, e.topic, 2); strings.Join(got, " ") != `{"n": 1} {"n": 2}` {
+	if got := values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"n": 1} {"n": 2}` {
 		t.Fatalf("records %q, want each event once and no replay", got)
 	}
 	if n := scrape(t, base)[`outboxd_rejected_messages_total{reason="replayed"}`]; n != 1 {
 		t.Errorf(`outboxd_rejected_messages_total{reason="replayed"} = %v, want 1`, n)
 	}
-	if d.exited() {
-		t.Fatalf("outboxd exited:\n%s", d.out.String())
+	if d.Exited() {
+		t.Fatalf("outboxd exited:\n%s", d.Out.String())
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestRunUpgradeFromReplayableMessages: a database at migration 007 (an
@@ -314,7 +314,7 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 // v2 content emitted again after the migration is not, and v3 events are.
 func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, 1)
+	e := NewEnv(t, 1)
 	v2 := func(name string) string {
 		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", name))
 		if err != nil {
@@ -322,22 +322,22 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 		}
 		return string(b)
 	}
-	e.exec(`DROP TABLE outbox_emit_key; DROP FUNCTION outbox_emit_rotate_key(boolean); DROP FUNCTION outbox_emit_pad(bytea, integer);
+	e.Exec(`DROP TABLE outbox_emit_key; DROP FUNCTION outbox_emit_rotate_key(boolean); DROP FUNCTION outbox_emit_pad(bytea, integer);
 		DELETE FROM outboxd_schema_migrations WHERE version IN ('008', '009')`)
-	e.exec(v2("006_outbox_emit.sql"))
-	e.exec(v2("007_outbox_emit_key.sql"))
-	d := startDaemon(t, e.args()...)
-	if code := d.wait(60 * time.Second); code == 0 || !strings.Contains(d.out.String(), `can replay`) ||
-		!strings.Contains(d.out.String(), `run \"outboxd migrate\"`) {
-		t.Fatalf("outboxd on a database at 007 exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.out.String())
+	e.Exec(v2("006_outbox_emit.sql"))
+	e.Exec(v2("007_outbox_emit_key.sql"))
+	d := StartDaemon(t, e.Args()...)
+	if code := d.Wait(60 * time.Second); code == 0 || !strings.Contains(d.Out.String(), `can replay`) ||
+		!strings.Contains(d.Out.String(), `run \"outboxd migrate\"`) {
+		t.Fatalf("outboxd on a database at 007 exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.Out.String())
 	}
 	captured := e.capture()
 	ctx := context.Background()
-	c := e.conn()
+	c := e.Conn()
 	defer c.Close(ctx)
 	emit := func(payload string) {
 		t.Helper()
-		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.topic, payload); err != nil {
+		if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'k', $2::jsonb)`, e.Topic, payload); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -346,19 +346,19 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 	if len(msgs) != 1 || !bytes.HasPrefix(msgs[0], []byte("v2:")) {
 		t.Fatalf("captured %q, want one v2 message", msgs)
 	}
-	m := startDaemon(t, "migrate", "--pg-dsn", e.dsn)
-	if code := m.wait(60 * time.Second); code != 0 {
-		t.Fatalf("migrate exited %d:\n%s", code, m.out.String())
+	m := StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
+	if code := m.Wait(60 * time.Second); code != 0 {
+		t.Fatalf("migrate exited %d:\n%s", code, m.Out.String())
 	}
 	if _, err := c.Exec(ctx, `SELECT pg_logical_emit_message(true, 'outboxd', $1::bytea)`, msgs[0]); err != nil {
 		t.Fatal(err)
 	}
 	emit(`{"signed": 2}`)
-	d = e.start()
-	if got := values(t, e, e.topic, 2); strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
+	d = e.Start()
+	if got := values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
 		t.Fatalf("records %q, want the v2 backlog and the v3 event, not the v2 message replayed after the upgrade", got)
 	}
-	d.stop()
+	d.Stop()
 }
 
 // TestMigrateWarnsWhenSchemaDiffers: migrate installs into its connection's
@@ -376,13 +376,13 @@ func TestMigrateWarnsWhenSchemaDiffers(t *testing.T) {
 	q := u.Query()
 	q.Set("search_path", "events") // pgx sends it as a run-time parameter
 	u.RawQuery = q.Encode()
-	m := startDaemon(t, "migrate", "--pg-dsn", u.String())
-	if code := m.wait(60 * time.Second); code != 0 || !strings.Contains(m.out.String(), `not --schema "public": pass --schema "events"`) {
-		t.Fatalf("migrate into schema events, --schema public: exit %d, want the warning:\n%s", code, m.out.String())
+	m := StartDaemon(t, "migrate", "--pg-dsn", u.String())
+	if code := m.Wait(60 * time.Second); code != 0 || !strings.Contains(m.Out.String(), `not --schema "public": pass --schema "events"`) {
+		t.Fatalf("migrate into schema events, --schema public: exit %d, want the warning:\n%s", code, m.Out.String())
 	}
-	m = startDaemon(t, "migrate", "--pg-dsn", u.String(), "--schema", "events")
-	if code := m.wait(60 * time.Second); code != 0 || strings.Contains(m.out.String(), "warning: outbox_emit") {
-		t.Fatalf("migrate into schema events, --schema events: exit %d, want no warning:\n%s", code, m.out.String())
+	m = StartDaemon(t, "migrate", "--pg-dsn", u.String(), "--schema", "events")
+	if code := m.Wait(60 * time.Second); code != 0 || strings.Contains(m.Out.String(), "warning: outbox_emit") {
+		t.Fatalf("migrate into schema events, --schema events: exit %d, want no warning:\n%s", code, m.Out.String())
 	}
 }
 
@@ -393,8 +393,8 @@ func TestEmitKeyRotate(t *testing.T) {
 	pg := testenv.Postgres(t)
 	conn := pg.Conn(t)
 	ctx := context.Background()
-	if m := startDaemon(t, "migrate", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
-		t.Fatalf("migrate:\n%s", m.out.String())
+	if m := StartDaemon(t, "migrate", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
+		t.Fatalf("migrate:\n%s", m.Out.String())
 	}
 	keys := func() (key, next, previous []byte) {
 		t.Helper()
@@ -404,15 +404,15 @@ func TestEmitKeyRotate(t *testing.T) {
 		return key, next, previous
 	}
 	k0, n0, _ := keys()
-	if m := startDaemon(t, "emit-key", "rotate", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
-		t.Fatalf("emit-key rotate:\n%s", m.out.String())
+	if m := StartDaemon(t, "emit-key", "rotate", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
+		t.Fatalf("emit-key rotate:\n%s", m.Out.String())
 	}
 	k1, n1, p1 := keys()
 	if !bytes.Equal(k1, n0) || !bytes.Equal(p1, k0) || bytes.Equal(n1, n0) {
 		t.Fatalf("after rotate: key %x (staged was %x), previous %x (key was %x), next %x", k1, n0, p1, k0, n1)
 	}
-	if m := startDaemon(t, "emit-key", "rotate", "--forget-old-keys", "--pg-dsn", pg.DSN); m.wait(60*time.Second) != 0 {
-		t.Fatalf("emit-key rotate --forget-old-keys:\n%s", m.out.String())
+	if m := StartDaemon(t, "emit-key", "rotate", "--forget-old-keys", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
+		t.Fatalf("emit-key rotate --forget-old-keys:\n%s", m.Out.String())
 	}
 	k2, n2, p2 := keys()
 	if bytes.Equal(k2, k1) || bytes.Equal(k2, n1) || bytes.Equal(n2, n1) || p2 != nil {
