@@ -14,15 +14,16 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/audit"
+	"github.com/outboxd/outboxd/internal/e2e"
 )
 
 // runAudit runs "outboxd audit" with args and returns its exit code and
 // stdout.
-func (e *Env) runAudit(args ...string) (int, string) {
+func runAudit(e *e2e.Env, args ...string) (int, string) {
 	e.T.Helper()
 	a := append([]string{"audit", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","),
 		"--slot", e.Slot, "--publication", e.Slot, "--stable-timeout", "30s"}, args...)
-	cmd := exec.Command(BinPath, a...)
+	cmd := exec.Command(e2e.BinPath, a...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -46,7 +47,7 @@ func (e *Env) runAudit(args ...string) (int, string) {
 // those, after which the audit is clean again. A range that is not one is a
 // usage error (exit 2).
 func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
-	e := NewEnv(t, 2)
+	e := e2e.NewEnv(t, 2)
 	d := e.Start()
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
 		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('n', i),
@@ -55,10 +56,10 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 	e.WaitConfirmed(60 * time.Second)
 	d.Stop()
 
-	if code, out := e.runAudit("--from-id", "1"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+	if code, out := runAudit(e, "--from-id", "1"); code != 0 || !strings.Contains(out, "clean: every row in range") {
 		t.Fatalf("after run: exit %d, want 0 and clean", code)
 	}
-	code, out := e.runAudit("--from-id", "1", "--json")
+	code, out := runAudit(e, "--from-id", "1", "--json")
 	var rep audit.Report
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 || !rep.Clean || len(rep.Topics) != 1 || rep.Topics[0].Rows != 200 {
 		t.Fatalf("--json: exit %d, %v, report %+v; want 0, clean with 200 rows", code, err, rep)
@@ -69,18 +70,18 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, headers)
 		SELECT 'agg-' || (i % 7), $1, jsonb_build_object('late', i), jsonb_build_object('traceparent', 'late-' || i) FROM generate_series(1, 5) AS i`, e.Topic)
 	e.Exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.Slot)
-	if code, out := e.runAudit("--from-id", "1"); code != 1 || !strings.Contains(out, "missing: ids 201, 202, 203, 204, 205") {
+	if code, out := runAudit(e, "--from-id", "1"); code != 1 || !strings.Contains(out, "missing: ids 201, 202, 203, 204, 205") {
 		t.Fatalf("missing: exit %d, want 1 naming ids 201-205", code)
 	}
-	if code, out := e.runAudit("--from-id", "1", "--repair"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+	if code, out := runAudit(e, "--from-id", "1", "--repair"); code != 0 || !strings.Contains(out, "clean: every row in range") {
 		t.Fatalf("--repair: exit %d, want 0 and clean after the repair", code)
 	}
 
-	if code, out := e.runAudit("--help"); code != 0 || !strings.Contains(out, "--from-id") || !strings.Contains(out, "--repair") {
+	if code, out := runAudit(e, "--help"); code != 0 || !strings.Contains(out, "--from-id") || !strings.Contains(out, "--repair") {
 		t.Errorf("outboxd audit --help: exit %d, want 0 listing --from-id and --repair", code)
 	}
 	for _, args := range [][]string{{}, {"--from-id", "5", "--since", "2026-01-01T00:00:00Z"}, {"--since", "yesterday"}, {"--from-id", "9", "--to-id", "3"}} {
-		if code, _ := e.runAudit(args...); code != 2 {
+		if code, _ := runAudit(e, args...); code != 2 {
 			t.Errorf("outboxd audit %v: exit %d, want 2 (usage)", args, code)
 		}
 	}
@@ -91,7 +92,7 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 // the timeout while no outboxd runs, and an error for a slot that does not
 // exist.
 func TestAuditPublishFence(t *testing.T) {
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	addr := closedPort(t)
 	d := e.Start("--metrics-addr", addr)
 	ctx := context.Background()
@@ -109,10 +110,10 @@ func TestAuditPublishFence(t *testing.T) {
 	// The same fence over HTTP, for a second event: 200, and then the
 	// audit finds both in Kafka.
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('a', $1, '{}')`, e.Topic)
-	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != http.StatusOK || !strings.Contains(body, "published: confirmed") {
+	if code, body := httpFence(t, addr, walLSN(e), "60s"); code != http.StatusOK || !strings.Contains(body, "published: confirmed") {
 		t.Fatalf("GET /published with outboxd running: %d %q, want 200", code, body)
 	}
-	if code, _ := e.runAudit("--from-id", "1"); code != 0 {
+	if code, _ := runAudit(e, "--from-id", "1"); code != 0 {
 		t.Fatalf("audit right after the fence: exit %d, want 0 (the events are in Kafka)", code)
 	}
 	if code, body := httpFence(t, addr, "FFFFFFFF/0", "300ms"); code != http.StatusGatewayTimeout || !strings.Contains(body, "not yet") {
@@ -150,7 +151,7 @@ func httpFence(t *testing.T, addr, lsn, timeout string) (int, string) {
 }
 
 // walLSN is the server's WAL position now, read after a commit.
-func (e *Env) walLSN() string {
+func walLSN(e *e2e.Env) string {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -165,21 +166,21 @@ func (e *Env) walLSN() string {
 // transactions (control batches between them, the checkpoint inside) audit
 // clean, and a publish fence on that run answers once they are committed.
 func TestAuditExactlyOnceRunIsClean(t *testing.T) {
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	addr := closedPort(t)
 	d := e.Start("--delivery", "exactly-once", "--metrics-addr", addr)
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
 		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.Topic)
 	c := e.Conn()
 	defer c.Close(context.Background())
-	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != http.StatusOK {
+	if code, body := httpFence(t, addr, walLSN(e), "60s"); code != http.StatusOK {
 		t.Fatalf("GET /published: %d %q, want 200", code, body)
 	}
 	var ok bool
 	if err := c.QueryRow(context.Background(), `SELECT outbox_wait_published(pg_current_wal_lsn(), '60 seconds', $1)`, e.Slot).Scan(&ok); err != nil || !ok {
 		t.Fatalf("fence: %v, %v; want true", ok, err)
 	}
-	if code, out := e.runAudit("--from-id", "1", "--delivery", "exactly-once"); code != 0 || !strings.Contains(out, "clean: every row in range") {
+	if code, out := runAudit(e, "--from-id", "1", "--delivery", "exactly-once"); code != 0 || !strings.Contains(out, "clean: every row in range") {
 		t.Fatalf("exactly-once: exit %d, want 0 and clean", code)
 	}
 	d.Stop()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/outboxd/outboxd/internal/e2e"
 )
 
 // TestRunContinuousAudit: with --audit-interval the active instance audits
@@ -15,7 +16,7 @@ import (
 // metrics and a log line with the command that shows and repairs them.
 func TestRunContinuousAudit(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	addr := closedPort(t)
 	d := e.Start("--metrics-addr", addr, "--audit-interval", "500ms", "--audit-delay", "1s")
 	defer d.Stop()
@@ -24,7 +25,7 @@ func TestRunContinuousAudit(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(90 * time.Second)
 		for {
-			m := scrape(t, base)
+			m := e2e.Scrape(t, base)
 			if ok(m) {
 				return m
 			}
@@ -46,7 +47,7 @@ func TestRunContinuousAudit(t *testing.T) {
 	// Rows created 3 s ahead: published now, audited by a later window.
 	// Their records are then deleted from Kafka.
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, created_at) SELECT 'b', $1, jsonb_build_object('i', i), now() + interval '3 seconds' FROM generate_series(1, 5) i`, e.Topic)
-	if code, body := httpFence(t, addr, e.walLSN(), "60s"); code != 200 {
+	if code, body := httpFence(t, addr, walLSN(e), "60s"); code != 200 {
 		t.Fatalf("fence before the deletion: %d %q", code, body)
 	}
 	deleteAllRecords(t, e.Brokers, e.Topic)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -27,18 +28,18 @@ var badKinds = []badKind{
 }
 
 // badEventsTable lets the outbox table hold the bad rows.
-func badEventsTable(e *Env) {
+func badEventsTable(e *e2e.Env) {
 	e.Exec(`ALTER TABLE outbox ALTER aggregate_id DROP NOT NULL, ALTER topic DROP NOT NULL, ALTER payload DROP NOT NULL`)
 }
 
 // insertBad writes bad kind i and a good row {"good": i} in one
 // transaction.
-func insertBad(t *testing.T, e *Env, c *pgx.Conn, i int) {
+func insertBad(t *testing.T, e *e2e.Env, c *pgx.Conn, i int) {
 	t.Helper()
 	insertKind(t, e, c, badKinds, i)
 }
 
-func insertKind(t *testing.T, e *Env, c *pgx.Conn, kinds []badKind, i int) {
+func insertKind(t *testing.T, e *e2e.Env, c *pgx.Conn, kinds []badKind, i int) {
 	t.Helper()
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
@@ -53,7 +54,7 @@ func insertKind(t *testing.T, e *Env, c *pgx.Conn, kinds []badKind, i int) {
 	}
 }
 
-func values(t *testing.T, e *Env, topic string, n int) []string {
+func values(t *testing.T, e *e2e.Env, topic string, n int) []string {
 	t.Helper()
 	var vs []string
 	for _, m := range testenv.Kafka(t).ReadAll(t, topic, n, 60*time.Second) {
@@ -97,7 +98,7 @@ func goodValues(n int) string {
 // transaction, arrives in order.
 func TestRunBadEventsDeadLettered(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	badEventsTable(e)
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	d := e.Start("--dead-letter-topic", dlq)
@@ -114,8 +115,8 @@ func TestRunBadEventsDeadLettered(t *testing.T) {
 		k := badKinds[i]
 		// An unroutable event is found after decoding: no table named.
 		table := map[bool]string{true: "", false: "public.outbox"}[k.name == "no topic"]
-		if !strings.Contains(Header(m, "dlq-error"), k.reason) || Header(m, "dlq-source-table") != table ||
-			!regexp.MustCompile(`^[0-9A-F]+/[0-9A-F]+$`).MatchString(Header(m, "dlq-source-lsn")) || Header(m, "dlq-source-xid") == "" {
+		if !strings.Contains(e2e.Header(m, "dlq-error"), k.reason) || e2e.Header(m, "dlq-source-table") != table ||
+			!regexp.MustCompile(`^[0-9A-F]+/[0-9A-F]+$`).MatchString(e2e.Header(m, "dlq-source-lsn")) || e2e.Header(m, "dlq-source-xid") == "" {
 			t.Errorf("%s: dead-letter headers %q, want the reason %q, LSN, xid and table", k.name, headerPairs(m), k.reason)
 		}
 		if !strings.Contains(string(m.Value), `"payload":`) {
@@ -136,7 +137,7 @@ var skipFlags = regexp.MustCompile(`start outboxd again with((?: --skip-bad-even
 // arrives) and halts again on the next bad row.
 func TestRunBadEventsHaltAndSkipExactlyOne(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	badEventsTable(e)
 	c := e.Conn()
 	defer c.Close(context.Background())

@@ -20,6 +20,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -102,15 +103,15 @@ func TestClusterFaults(t *testing.T) {
 		// The slot must exist before the backlog is written, or it starts after it.
 		p.e.Start().Stop()
 		const rows = 100_000
-		p.e.backlog(rows)
-		p.d, p.metrics = p.e.startWithMetrics()
+		p.e.Backlog(rows)
+		p.d, p.metrics = p.e.StartWithMetrics()
 		p.waitOffsets(1, time.Minute)
 		w := watchStalls(t, p.e.Brokers, p.e.Topic, p.metrics)
 		defer w.end()
 		p.waitOffsets(20_000, 3*time.Minute)
-		at := endOffsets(p.e.Brokers, p.e.Topic)
+		at := e2e.EndOffsets(p.e.Brokers, p.e.Topic)
 		i := c.MostLeader(p.e.Topic)
-		p.note("restarts before the fault %v", p.d.restarts())
+		p.note("restarts before the fault %v", p.d.Restarts())
 		p.kill(i)
 		p.start(i)
 		c.WaitInSync(p.e.Topic)
@@ -131,8 +132,8 @@ func TestClusterFaults(t *testing.T) {
 type clusterPhase struct {
 	t          *testing.T
 	c          *testenv.KafkaCluster
-	e          *Env
-	d          *Daemon
+	e          *e2e.Env
+	d          *e2e.Daemon
 	metrics    string // outboxd's metrics base URL
 	probeTopic string
 	down       map[int]bool // stopped or killed by this phase
@@ -144,7 +145,7 @@ type clusterPhase struct {
 func newClusterPhase(t *testing.T, c *testenv.KafkaCluster, probeTopic string) *clusterPhase {
 	t.Helper()
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "cluster", 6), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "cluster", 6), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	p := &clusterPhase{t: t, c: c, e: e, probeTopic: probeTopic, down: map[int]bool{}, paused: map[int]bool{}}
 	// A phase that failed half-way gives its nodes back, so the next phase
@@ -228,9 +229,9 @@ func (p *clusterPhase) hold(d time.Duration) {
 // waitOffsets waits until Kafka holds n records of the topic.
 func (p *clusterPhase) waitOffsets(n int64, timeout time.Duration) {
 	p.t.Helper()
-	waitFor(p.t, timeout, func() bool {
+	e2e.WaitFor(p.t, timeout, func() bool {
 		p.alive()
-		return endOffsets(p.e.Brokers, p.e.Topic) >= n
+		return e2e.EndOffsets(p.e.Brokers, p.e.Topic) >= n
 	})
 }
 
@@ -241,22 +242,22 @@ func (p *clusterPhase) underLoad(fault func()) {
 	t := p.t
 	t.Helper()
 	began := time.Now()
-	p.d, p.metrics = p.e.startWithMetrics()
+	p.d, p.metrics = p.e.StartWithMetrics()
 	p.d.WaitLog("streaming", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := p.e.steady(ctx, 300)
+	writes := p.e.Steady(ctx, 300)
 	p.waitOffsets(300, time.Minute)
 	w := watchStalls(t, p.e.Brokers, p.e.Topic, p.metrics)
 	defer w.end()
-	p.note("restarts before the fault %v", p.d.restarts())
+	p.note("restarts before the fault %v", p.d.Restarts())
 	fault()
 	p.mark("fault over")
-	accepted, published := recovery(t, p.e.Brokers, p.e.Topic, p.probeTopic, 2*time.Minute)
+	accepted, published := e2e.Recovery(t, p.e.Brokers, p.e.Topic, p.probeTopic, 2*time.Minute)
 	p.note("Kafka accepts → outboxd publishes %s", published.Sub(accepted).Round(time.Millisecond))
 	// Publishing a while more, under the load: until Kafka holds what was
 	// written during the fault (a fixed 3 s did not say whether it did).
-	p.waitOffsets(p.e.outboxRows(), time.Minute)
+	p.waitOffsets(p.e.OutboxRows(), time.Minute)
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatalf("load: %v", err)
@@ -270,25 +271,25 @@ func (p *clusterPhase) verdict(st stallReport, began time.Time) {
 	t.Helper()
 	p.alive()
 	retries := 0.0
-	for series, v := range scrape(t, p.metrics) {
+	for series, v := range e2e.Scrape(t, p.metrics) {
 		if strings.HasPrefix(series, "outboxd_produce_retries_total") {
 			retries += v
 		}
 	}
 	p.settle()
 	want := p.e.Rows()
-	got := Consume(t, p.e.Brokers, p.e.Topic, want, 3*time.Minute)
-	v, n := Verify(t, want, got), len(want)
+	got := e2e.Consume(t, p.e.Brokers, p.e.Topic, want, 3*time.Minute)
+	v, n := e2e.Verify(t, want, got), len(want)
 	if v.Corrupt > 0 {
 		p.explainCorrupt(want, got)
 	}
-	off := endOffsets(p.e.Brokers, p.e.Topic)
+	off := e2e.EndOffsets(p.e.Brokers, p.e.Topic)
 	t.Logf("timeline: %s", strings.Join(p.timeline, "; "))
 	t.Logf("%s: %d rows, %s; end offsets %d; longest stall: topic %s (from %s), one partition %s (p%d, from %s); "+
 		"outboxd_stalled_seconds max %.1f; %d offset reads failed; produce retries %.0f; restarts in all %v; phase %s",
 		strings.Join(p.notes, "; "), n, v, off, st.total.Round(time.Millisecond), clock(st.totalFrom),
 		st.partition.Round(time.Millisecond), st.worst, clock(st.partFrom),
-		st.metric, st.failed, retries, p.d.restarts(), time.Since(began).Round(time.Second))
+		st.metric, st.failed, retries, p.d.Restarts(), time.Since(began).Round(time.Second))
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Errorf("%s", v)
 	}
@@ -303,23 +304,23 @@ func (p *clusterPhase) verdict(st stallReport, began time.Time) {
 }
 
 // settle: see env.settle.
-func (p *clusterPhase) settle() { p.e.settle() }
+func (p *clusterPhase) settle() { p.e.Settle() }
 
 // explainCorrupt logs the records verify counted as corrupt for want
 // of a known outbox-id, and whether their rows exist now (committed after
 // the rows were read: a test artifact) or not (outboxd's).
-func (p *clusterPhase) explainCorrupt(want map[int64]Row, got []*sarama.ConsumerMessage) {
+func (p *clusterPhase) explainCorrupt(want map[int64]e2e.Row, got []*sarama.ConsumerMessage) {
 	now := p.e.Rows()
 	shown := 0
 	for _, m := range got {
-		id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64)
+		id, err := strconv.ParseInt(e2e.Header(m, "outbox-id"), 10, 64)
 		if _, ok := want[id]; ok && err == nil {
 			continue
 		}
 		_, later := now[id]
 		if shown++; shown <= 5 {
 			p.t.Logf("corrupt: p%d offset %d key %q outbox-id %q (row exists now: %v) value %.80q",
-				m.Partition, m.Offset, m.Key, Header(m, "outbox-id"), later && err == nil, m.Value)
+				m.Partition, m.Offset, m.Key, e2e.Header(m, "outbox-id"), later && err == nil, m.Value)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/outboxd/outboxd/internal/e2e"
 )
 
 // The walsender ended while outboxd streams a big transaction — what a
@@ -25,8 +26,8 @@ func TestRunExactlyOnceWalsenderEndedInsideATransaction(t *testing.T) {
 		}
 		rows = n
 	}
-	e := NewEnv(t, 3)
-	d := e.Start(eosArgs()...)
+	e := e2e.NewEnv(t, 3)
+	d := e.Start(e2e.EOSArgs()...)
 	offsets := newOffsetReader(t, e.Brokers, e.Topic)
 	const rounds = 3
 	cuts := 0
@@ -52,7 +53,7 @@ func TestRunExactlyOnceWalsenderEndedInsideATransaction(t *testing.T) {
 	}
 	v, n := e.Delivered(3 * time.Minute)
 	t.Logf("exactly-once, %d transactions of %d rows, the walsender ended inside %d of them: %d events, %s; restarts %v",
-		rounds, rows, cuts, n, v, d.restarts())
+		rounds, rows, cuts, n, v, d.Restarts())
 	if cuts == 0 {
 		t.Fatal("no walsender ended inside a transaction: the test did not test the cut (raise OUTBOXD_TEST_CUT_ROWS)")
 	}

@@ -8,27 +8,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // Exactly-once delivery, with real processes. Every consumer here
 // reads read_committed (see consume).
 
-func eosArgs(extra ...string) []string {
-	return append([]string{"--delivery", "exactly-once", "--checkpoint-topic", testenv.UniqueName("checkpoints")}, extra...)
-}
-
 // kill -9 of outboxd, again and again, under 300 events/s: with the
 // checkpoint in the same Kafka transaction as the records, a restart skips
 // exactly what was committed, and re-sends exactly what was not.
 func TestRunExactlyOnceKill9UnderLoad(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
-	args := eosArgs()
+	e := e2e.NewEnv(t, 3)
+	args := e2e.EOSArgs()
 	d := e.Start(args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := e.steady(ctx, 300)
+	writes := e.Steady(ctx, 300)
 	const kills = 50
 	for i := 0; i < kills; i++ {
 		// Let it publish for a moment, somewhere inside a Kafka transaction.
@@ -58,12 +55,12 @@ func TestRunPostgresRestartsDuplicateNothing(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ps := testenv.StartPostgres(t)
 			k := testenv.Kafka(t)
-			e := &Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "pgrestarts", 3), Slot: testenv.UniqueName("slot")}
+			e := &e2e.Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "pgrestarts", 3), Slot: testenv.UniqueName("slot")}
 			e.Migrate()
 			d := e.Start("--delivery", mode, "--checkpoint-topic", testenv.UniqueName("checkpoints"))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			writes := e.steady(ctx, 300)
+			writes := e.Steady(ctx, 300)
 			for range 10 {
 				time.Sleep(1500 * time.Millisecond)
 				ps.Restart("fast")
@@ -74,7 +71,7 @@ func TestRunPostgresRestartsDuplicateNothing(t *testing.T) {
 				t.Logf("writer stopped: %v", err) // a writer may meet a restart; what it committed counts
 			}
 			v, n := e.Delivered(3 * time.Minute)
-			t.Logf("%s, 10 Postgres fast restarts under load, %d events: %s; restarts %v", mode, n, v, d.restarts())
+			t.Logf("%s, 10 Postgres fast restarts under load, %d events: %s; restarts %v", mode, n, v, d.Restarts())
 			if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 				t.Fatalf("%s after 10 Postgres restarts: %s", mode, v)
 			}
@@ -102,41 +99,41 @@ func TestRunExactlyOnceKafkaFaults(t *testing.T) {
 			t.Parallel()
 			ks := testenv.StartKafka(t)
 			pg := testenv.Postgres(t)
-			e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("eosfault"), Slot: testenv.UniqueName("slot")}
-			createTopic(t, ks.Brokers, e.Topic, 3)
+			e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("eosfault"), Slot: testenv.UniqueName("slot")}
+			e2e.CreateTopic(t, ks.Brokers, e.Topic, 3)
 			e.Migrate()
-			args := eosArgs("--kafka-delivery-timeout", "5s")
+			args := e2e.EOSArgs("--kafka-delivery-timeout", "5s")
 			d := e.Start(args...)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			if c.backlog > 0 {
 				d.Stop()
-				e.backlog(c.backlog)
-				d = StartDaemon(t, e.Args(args...)...)
-				waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > int64(c.backlog/5) })
+				e.Backlog(c.backlog)
+				d = e2e.StartDaemon(t, e.Args(args...)...)
+				e2e.WaitFor(t, 2*time.Minute, func() bool { return e2e.EndOffsets(ks.Brokers, e.Topic) > int64(c.backlog/5) })
 			}
-			writes := e.steady(ctx, 300)
-			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > 300 })
+			writes := e.Steady(ctx, 300)
+			e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(ks.Brokers, e.Topic) > 300 })
 			c.fault(ks)
 			if d.Exited() {
 				t.Fatalf("outboxd exited (%d) during the fault", d.Code)
 			}
 			ks.Start()
 			probeTopic := testenv.UniqueName("probe")
-			waitFor(t, 2*time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) > 0 })
-			createTopic(t, ks.Brokers, probeTopic, 1)
-			recovery(t, ks.Brokers, e.Topic, probeTopic, 2*time.Minute)
+			e2e.WaitFor(t, 2*time.Minute, func() bool { return e2e.EndOffsets(ks.Brokers, e.Topic) > 0 })
+			e2e.CreateTopic(t, ks.Brokers, probeTopic, 1)
+			e2e.Recovery(t, ks.Brokers, e.Topic, probeTopic, 2*time.Minute)
 			// Publishing after the fault, under the load: until Kafka holds
 			// as many records as the outbox held rows (end offsets also
 			// count markers: this paces, the verdict below decides).
-			rows := e.outboxRows()
-			waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) >= rows })
+			rows := e.OutboxRows()
+			e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(ks.Brokers, e.Topic) >= rows })
 			cancel()
 			if err := <-writes; err != nil {
 				t.Fatal(err)
 			}
 			v, n := e.Delivered(3 * time.Minute)
-			t.Logf("exactly-once, Kafka %s, %d events: %s; restarts %v", c.name, n, v, d.restarts())
+			t.Logf("exactly-once, Kafka %s, %d events: %s; restarts %v", c.name, n, v, d.Restarts())
 			if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 				t.Fatalf("exactly-once, Kafka %s: %s", c.name, v)
 			}
@@ -148,12 +145,12 @@ func TestRunExactlyOnceKafkaFaults(t *testing.T) {
 // One Postgres transaction of 200,000 rows fits one Kafka transaction.
 func TestRunExactlyOnceHugeTransaction(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 6)
-	d := e.Start(eosArgs()...)
+	e := e2e.NewEnv(t, 6)
+	d := e.Start(e2e.EOSArgs()...)
 	d.Stop()
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
 		SELECT 'agg-' || (g % 100), $1, jsonb_build_object('seq', g) FROM generate_series(1, 200000) AS g ORDER BY g`, e.Topic)
-	d = e.Start(eosArgs()...)
+	d = e.Start(e2e.EOSArgs()...)
 	v, n := e.Delivered(5 * time.Minute)
 	t.Logf("exactly-once, one 200,000-row transaction: %d events: %s", n, v)
 	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != 200000 {
@@ -167,22 +164,22 @@ func TestRunExactlyOnceHugeTransaction(t *testing.T) {
 // transactional id was fenced by B: it can commit and confirm nothing.
 func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	cp := testenv.UniqueName("checkpoints")
 	args := []string{"--delivery", "exactly-once", "--checkpoint-topic", cp}
 	a := e.Start(args...)
-	b := StartDaemon(t, e.Args(args...)...)
+	b := e2e.StartDaemon(t, e.Args(args...)...)
 	b.WaitLog("standby", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := e.steady(ctx, 300)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 300 })
+	writes := e.Steady(ctx, 300)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > 300 })
 	_ = syscall.Kill(a.PID(), syscall.SIGSTOP)
 	// The server drops the frozen process's walsender (as wal_sender_timeout
 	// would): the slot is free for the standby.
 	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
 	b.WaitLog("taking over", 60*time.Second)
-	waitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
+	e2e.WaitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
 	time.Sleep(2 * time.Second) // B publishes and commits
 	_ = syscall.Kill(a.PID(), syscall.SIGCONT)
 	time.Sleep(5 * time.Second)
@@ -212,7 +209,7 @@ func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 		out := a.Out.String()
 		return !a.Exited() && strings.LastIndex(out, "standby: another process holds the slot") > strings.LastIndex(out, "streaming")
 	}
-	waitFor(t, 30*time.Second, func() bool { return fenced() || standby() })
+	e2e.WaitFor(t, 30*time.Second, func() bool { return fenced() || standby() })
 	b.Stop()
 }
 
@@ -220,7 +217,7 @@ func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 // was stopped is refused with both positions named; --accept-gap starts.
 func TestRunRefusesAGapBetweenCheckpointAndSlot(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	cp := testenv.UniqueName("checkpoints")
 	d := e.Start("--checkpoint-topic", cp)
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, e.Topic)
@@ -229,7 +226,7 @@ func TestRunRefusesAGapBetweenCheckpointAndSlot(t *testing.T) {
 	// Someone advances the slot past events outboxd never saw.
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"lost": true}')`, e.Topic)
 	e.Exec(`SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())`, e.Slot)
-	refused := StartDaemon(t, e.Args("--checkpoint-topic", cp)...)
+	refused := e2e.StartDaemon(t, e.Args("--checkpoint-topic", cp)...)
 	code := refused.Wait(60 * time.Second)
 	out := refused.Out.String()
 	if code == 0 || !strings.Contains(out, "gap between the checkpoint and the slot") || !strings.Contains(out, "--accept-gap") {

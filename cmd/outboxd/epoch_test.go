@@ -10,6 +10,7 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/publisher"
 )
@@ -24,21 +25,21 @@ import (
 // between the checkpoint and the slot.
 func TestRunAtLeastOnceZombieCheckpointIsIgnored(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	cp := testenv.UniqueName("checkpoints")
 	args := []string{"--checkpoint-topic", cp}
 	a := e.Start(args...)
-	b := StartDaemon(t, e.Args(args...)...)
+	b := e2e.StartDaemon(t, e.Args(args...)...)
 	b.WaitLog("standby", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := e.steady(ctx, 300)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 300 })
+	writes := e.Steady(ctx, 300)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > 300 })
 	_ = syscall.Kill(a.PID(), syscall.SIGSTOP)
 	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
 	b.WaitLog("taking over", 60*time.Second)
-	waitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 1500 })
+	e2e.WaitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > 1500 })
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
@@ -48,7 +49,7 @@ func TestRunAtLeastOnceZombieCheckpointIsIgnored(t *testing.T) {
 	_ = syscall.Kill(a.PID(), syscall.SIGCONT)
 	// A's session ends on its dropped connection (writing its last
 	// checkpoint first) and it finds the slot held by B: a standby.
-	waitFor(t, time.Minute, func() bool {
+	e2e.WaitFor(t, time.Minute, func() bool {
 		out := a.Out.String()
 		return a.Exited() || strings.LastIndex(out, "standby: another process holds the slot") > strings.LastIndex(out, "streaming")
 	})
@@ -63,9 +64,9 @@ func TestRunAtLeastOnceZombieCheckpointIsIgnored(t *testing.T) {
 	b.Kill9()
 	// A takes over: it resumes from B's checkpoint instead of halting, and
 	// publishes what is written next.
-	before := endOffsets(e.Brokers, e.Topic)
+	before := e2e.EndOffsets(e.Brokers, e.Topic)
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-after', $1, '{}')`, e.Topic)
-	waitFor(t, 2*time.Minute, func() bool { return a.Exited() || endOffsets(e.Brokers, e.Topic) > before })
+	e2e.WaitFor(t, 2*time.Minute, func() bool { return a.Exited() || e2e.EndOffsets(e.Brokers, e.Topic) > before })
 	if a.Exited() {
 		out := a.Out.String()
 		t.Fatalf("A exited %d when it took over from B, instead of resuming from B's checkpoint; its output ends:\n%s", a.Code, out[max(0, len(out)-3000):])
@@ -90,7 +91,7 @@ func checkpointLog(t *testing.T, brokers []string, topic string) (last *publishe
 		t.Fatal(err)
 	}
 	defer c.Close()
-	hwm := endOffsets(brokers, topic)
+	hwm := e2e.EndOffsets(brokers, topic)
 	pc, err := c.ConsumePartition(topic, 0, sarama.OffsetOldest)
 	if err != nil {
 		t.Fatal(err)

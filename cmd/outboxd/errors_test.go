@@ -10,22 +10,17 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
-
-// lastLine is the last line a process printed.
-func lastLine(out string) string {
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	return lines[len(lines)-1]
-}
 
 // expectExit runs outboxd to completion and asserts exit code 1 and the
 // exact error line.
 func expectExit(t *testing.T, want string, args ...string) {
 	t.Helper()
-	d := StartDaemon(t, args...)
+	d := e2e.StartDaemon(t, args...)
 	code := d.Wait(90 * time.Second)
-	got := lastLine(d.Out.String())
+	got := e2e.LastLine(d.Out.String())
 	if code != 1 || got != "outboxd: "+want {
 		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and:\n  outboxd: %s", code, got, want)
 	}
@@ -54,7 +49,7 @@ func TestRunPreflightErrors(t *testing.T) {
 	})
 	t.Run("role without replication", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		role := testenv.UniqueName("norepl")
 		e.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN`, role))
 		t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE %s`, role, role)) })
@@ -64,14 +59,14 @@ func TestRunPreflightErrors(t *testing.T) {
 	})
 	t.Run("slot with another plugin", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		e.Exec(`SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.Slot)
 		expectExit(t, fmt.Sprintf(`replication slot %q uses plugin "test_decoding", outboxd needs "pgoutput": drop it with "outboxd slot drop" or choose another --slot`, e.Slot),
 			args(e.DSN, e.Slot)...)
 	})
 	t.Run("slot missing with no-create", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		expectExit(t, fmt.Sprintf(`replication slot %q and publication %q do not exist: run "outboxd slot create" or start without --no-create`, e.Slot, e.Slot),
 			args(e.DSN, e.Slot, "--no-create")...)
 	})
@@ -83,7 +78,7 @@ func TestRunPreflightErrors(t *testing.T) {
 	t.Run("wal_level replica", func(t *testing.T) {
 		t.Parallel()
 		ps := testenv.StartPostgres(t)
-		e := &Env{T: t, DSN: ps.DSN, Slot: testenv.UniqueName("slot")}
+		e := &e2e.Env{T: t, DSN: ps.DSN, Slot: testenv.UniqueName("slot")}
 		e.Migrate()
 		e.Exec(`ALTER SYSTEM SET wal_level = replica`)
 		ps.Restart("fast")
@@ -115,8 +110,6 @@ func topicWithConfig(t *testing.T, brokers []string, cfg map[string]*string) str
 	return name
 }
 
-func ptr(s string) *string { return &s }
-
 func TestRunPoisonEvents(t *testing.T) {
 	t.Parallel()
 	big := `{"pad": "` + strings.Repeat("z", 2000) + `"}`
@@ -126,36 +119,36 @@ func TestRunPoisonEvents(t *testing.T) {
 
 	t.Run("too large halts", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
-		e.Topic = topicWithConfig(t, e.Brokers, map[string]*string{"max.message.bytes": ptr("1000")})
+		e := e2e.NewEnv(t, 1)
+		e.Topic = topicWithConfig(t, e.Brokers, map[string]*string{"max.message.bytes": e2e.Ptr("1000")})
 		d := e.Start()
 		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2)`, e.Topic, big)
 		code := d.Wait(60 * time.Second)
 		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: kafka server: Message was too large, server rejected it to avoid allocation error; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
 			e.Topic, size("agg-1", big))
-		if got := lastLine(d.Out.String()); code != 1 || !matchSized(got, want) {
+		if got := e2e.LastLine(d.Out.String()); code != 1 || !matchSized(got, want) {
 			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)
 		}
 	})
 	t.Run("unknown topic halts", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		d := e.Start("--kafka-unknown-topic-timeout", "2s")
 		missing := testenv.UniqueName("nosuchtopic")
 		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{}')`, missing)
 		code := d.Wait(90 * time.Second)
 		want := fmt.Sprintf(`outboxd: poison event: outbox id 1 to topic %q (%d bytes) refused: topic still unknown to the brokers after 2s of lookups (deleted or never created; see --kafka-unknown-topic-timeout): %s: kafka server: Request was for a topic or partition that does not exist on this broker; nothing was confirmed past it: fix the cause (topic, size limits) or set --dead-letter-topic, then restart`,
 			missing, size("agg-1", "{}"), missing)
-		if got := lastLine(d.Out.String()); code != 1 || !matchSized(got, want) {
+		if got := e2e.LastLine(d.Out.String()); code != 1 || !matchSized(got, want) {
 			t.Fatalf("exit %d:\n  %s\nwant exit 1:\n  %s", code, got, want)
 		}
 	})
 	t.Run("dead-letter topic takes it and the stream goes on", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		k := testenv.Kafka(t)
 		dlq := k.Topic(t, "dlq", 1)
-		e.Topic = topicWithConfig(t, e.Brokers, map[string]*string{"max.message.bytes": ptr("1000")})
+		e.Topic = topicWithConfig(t, e.Brokers, map[string]*string{"max.message.bytes": e2e.Ptr("1000")})
 		d := e.Start("--dead-letter-topic", dlq)
 		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, $2), ('agg-1', $1, '{"ok": true}')`, e.Topic, big)
 		good := k.ReadAll(t, e.Topic, 1, 60*time.Second)
@@ -163,11 +156,11 @@ func TestRunPoisonEvents(t *testing.T) {
 		if len(good) != 1 || string(good[0].Value) != `{"ok": true}` {
 			t.Fatalf("main topic got %d records, want the good one", len(good))
 		}
-		if len(dead) != 1 || Header(dead[0], "outbox-id") != "1" || string(dead[0].Key) != "agg-1" ||
-			!strings.Contains(Header(dead[0], "dlq-error"), "Message was too large") || Header(dead[0], "dlq-error-class") != "poison" ||
-			Header(dead[0], "dlq-source-topic") != e.Topic || Header(dead[0], "dlq-payload-omitted") != "true" ||
+		if len(dead) != 1 || e2e.Header(dead[0], "outbox-id") != "1" || string(dead[0].Key) != "agg-1" ||
+			!strings.Contains(e2e.Header(dead[0], "dlq-error"), "Message was too large") || e2e.Header(dead[0], "dlq-error-class") != "poison" ||
+			e2e.Header(dead[0], "dlq-source-topic") != e.Topic || e2e.Header(dead[0], "dlq-payload-omitted") != "true" ||
 			// the names before 0.2, still written for one release
-			Header(dead[0], "outboxd-error") != Header(dead[0], "dlq-error") || Header(dead[0], "outboxd-original-topic") != e.Topic {
+			e2e.Header(dead[0], "outboxd-error") != e2e.Header(dead[0], "dlq-error") || e2e.Header(dead[0], "outboxd-original-topic") != e.Topic {
 			t.Fatalf("dead-letter record %+v", dead)
 		}
 		d.Stop()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
@@ -33,7 +34,7 @@ func pgTestVersion() string {
 
 // serverEnv is newEnv on a private server: a database of its own on srv,
 // topics on the shared Kafka.
-func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*Env, *testenv.KafkaEnv) {
+func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*e2e.Env, *testenv.KafkaEnv) {
 	t.Helper()
 	k := testenv.Kafka(t)
 	name := testenv.UniqueName(t.Name())
@@ -45,7 +46,7 @@ func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*Env, *te
 	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
 		t.Fatal(err)
 	}
-	e := &Env{T: t, DSN: withDatabase(t, srv.DSN, name), Brokers: k.Brokers,
+	e := &e2e.Env{T: t, DSN: withDatabase(t, srv.DSN, name), Brokers: k.Brokers,
 		Topic: k.Topic(t, "e2e", partitions), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	return e, k
@@ -63,9 +64,9 @@ func withDatabase(t testing.TB, dsn, db string) string {
 }
 
 // statusJSON runs outboxd status --json on the env's slot.
-func (e *Env) statusJSON() statusReport {
+func statusJSON(e *e2e.Env) statusReport {
 	e.T.Helper()
-	code, out := testproc.Run(e.T, 30*time.Second, BinPath, "status", "--json", "--allow-inactive",
+	code, out := testproc.Run(e.T, 30*time.Second, e2e.BinPath, "status", "--json", "--allow-inactive",
 		"--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot)
 	var rep statusReport
 	i, j := strings.Index(out, "{"), strings.LastIndex(out, "}")
@@ -79,7 +80,7 @@ func (e *Env) statusJSON() statusReport {
 }
 
 // serverVersionNum is server_version_num of the env's server.
-func (e *Env) serverVersionNum() int {
+func serverVersionNum(e *e2e.Env) int {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -107,26 +108,26 @@ func TestRunOnPostgresVersion(t *testing.T) {
 		d := e.Start()
 		// The burst first, then the steady load: each key has one writer at
 		// a time, so per key, id order is commit order.
-		if err := e.Write(context.Background(), Load{Writers: 4, Aggregates: 200, Total: 20_000, MaxTxn: 100}); err != nil {
+		if err := e.Write(context.Background(), e2e.Load{Writers: 4, Aggregates: 200, Total: 20_000, MaxTxn: 100}); err != nil {
 			t.Fatalf("burst: %v", err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 		defer cancel()
-		steady := e.steady(ctx, 300)
+		steady := e.Steady(ctx, 300)
 		<-ctx.Done()
 		if err := <-steady; err != nil {
 			t.Fatalf("steady load: %v", err)
 		}
 		v, n := e.Delivered(60 * time.Second)
 
-		if e.serverVersionNum() >= 170000 {
-			if failover := e.statusJSON().Slot.Failover; failover == nil || !*failover {
+		if serverVersionNum(e) >= 170000 {
+			if failover := statusJSON(e).Slot.Failover; failover == nil || !*failover {
 				t.Errorf("on PostgreSQL %s, outboxd status shows failover %v, want true", version, failover)
 			}
 		}
 		d.Stop()
 		t.Logf("PostgreSQL %s: %d rows, %s, in %s", version, n, v, time.Since(began).Round(time.Millisecond))
-		if v != (Verdict{}) {
+		if v != (e2e.Verdict{}) {
 			t.Fatalf("delivery: %s", v)
 		}
 	})
@@ -134,7 +135,7 @@ func TestRunOnPostgresVersion(t *testing.T) {
 	t.Run("empty transactions", func(t *testing.T) {
 		t.Parallel()
 		e, k := serverEnv(t, srv, 1)
-		if e.serverVersionNum() >= 150000 {
+		if serverVersionNum(e) >= 150000 {
 			t.Skipf("PostgreSQL %s: pgoutput sends no empty transactions (from 15 on); run make test-pg14", version)
 		}
 		emptyTransactionFlood(t, e, k)
@@ -146,7 +147,7 @@ func TestRunOnPostgresVersion(t *testing.T) {
 // for holdFor by a slow post-publish hook while the flood goes on. outboxd
 // must deliver everything and confirm past the flood afterwards; the growth of
 // its peak RSS during the hold is logged.
-func emptyTransactionFlood(t *testing.T, e *Env, k *testenv.KafkaEnv) {
+func emptyTransactionFlood(t *testing.T, e *e2e.Env, k *testenv.KafkaEnv) {
 	const (
 		rate    = 5000 // empty transactions per second, aimed at
 		phase   = 10 * time.Second
@@ -158,9 +159,9 @@ func emptyTransactionFlood(t *testing.T, e *Env, k *testenv.KafkaEnv) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	steady := e.steady(ctx, 100)
+	steady := e.Steady(ctx, 100)
 	flood := make(chan int, 1)
-	go func() { flood <- e.emptyTransactions(ctx, rate) }()
+	go func() { flood <- emptyTransactions(e, ctx, rate) }()
 
 	time.Sleep(phase)
 	base := d.PeakRSS()
@@ -169,7 +170,7 @@ func emptyTransactionFlood(t *testing.T, e *Env, k *testenv.KafkaEnv) {
 	held := d.PeakRSS()
 	cancel()
 	// The held event went to its own topic; the rest is checked on e.topic.
-	if got := endOffsets(e.Brokers, slow); got != 1 {
+	if got := e2e.EndOffsets(e.Brokers, slow); got != 1 {
 		t.Errorf("the held event: %d records on its topic, want 1", got)
 	}
 	e.Exec(`DELETE FROM outbox WHERE topic = $1`, slow)
@@ -202,7 +203,7 @@ func emptyTransactionFlood(t *testing.T, e *Env, k *testenv.KafkaEnv) {
 	growth := held - base
 	t.Logf("%d empty transactions in %s (%.0f/s), %d events: %s; peak RSS %d MiB before the held ack, +%d MiB after %s held; slot lag afterwards %d bytes",
 		empty, phase+holdFor+2*time.Second, float64(empty)/(phase+holdFor+2*time.Second).Seconds(), n, v, base>>20, growth>>20, holdFor, lag)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Errorf("delivery: %s", v)
 	}
 	if lag >= 64<<10 {
@@ -217,7 +218,7 @@ func emptyTransactionFlood(t *testing.T, e *Env, k *testenv.KafkaEnv) {
 // emptyTransactions commits about rate transactions per second that touch
 // only table noise (no published table) until ctx ends, and returns how many.
 // Each DO block commits 100 of them in one round trip.
-func (e *Env) emptyTransactions(ctx context.Context, rate int) int {
+func emptyTransactions(e *e2e.Env, ctx context.Context, rate int) int {
 	c, err := pgx.Connect(context.Background(), e.DSN)
 	if err != nil {
 		e.T.Error(err)
@@ -278,7 +279,7 @@ func TestFailoverSlotTakeover(t *testing.T) {
 	defer cancel()
 	writers := make(chan error, 3)
 	for w := range 3 {
-		go func() { writers <- e.resilientWriter(ctx, w, 3, 100) }()
+		go func() { writers <- resilientWriter(e, ctx, w, 3, 100) }()
 	}
 
 	// The standby's copy of the slot is ready for a failover.
@@ -312,10 +313,10 @@ func TestFailoverSlotTakeover(t *testing.T) {
 		t.Fatalf("promote: %v", err)
 	}
 	promoted := time.Now()
-	base := endOffsets(e.Brokers, e.Topic)
+	base := e2e.EndOffsets(e.Brokers, e.Topic)
 	var takeover time.Duration
 	for {
-		if n := endOffsets(e.Brokers, e.Topic); n > base && base >= 0 {
+		if n := e2e.EndOffsets(e.Brokers, e.Topic); n > base && base >= 0 {
 			takeover = time.Since(stopped)
 			break
 		}
@@ -334,14 +335,14 @@ func TestFailoverSlotTakeover(t *testing.T) {
 			t.Errorf("writer: %v", err)
 		}
 	}
-	e.settle()
+	e.Settle()
 	v, n := e.Delivered(60 * time.Second)
 	if d.Exited() {
 		t.Fatalf("outboxd exited: %s", d.P.Tail(30))
 	}
 	d.Stop()
 	t.Logf("PostgreSQL %s failover: %d rows, %s; primary stopped → standby promoted in %s, publishing again %s after the stop; restarts %v",
-		version, n, v, promoted.Sub(stopped).Round(time.Millisecond), takeover.Round(time.Millisecond), d.restarts())
+		version, n, v, promoted.Sub(stopped).Round(time.Millisecond), takeover.Round(time.Millisecond), d.Restarts())
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("delivery across the failover: %s", v)
 	}
@@ -360,7 +361,7 @@ func mustURL(t testing.TB, dsn string) *url.URL {
 // over writer w's own aggregates (w, w+writers, ...) until ctx ends, riding
 // out a failover: on an error it reconnects (e.dsn may name several hosts)
 // and writes the next row.
-func (e *Env) resilientWriter(ctx context.Context, w, writers, rate int) error {
+func resilientWriter(e *e2e.Env, ctx context.Context, w, writers, rate int) error {
 	var c *pgx.Conn
 	defer func() {
 		if c != nil {

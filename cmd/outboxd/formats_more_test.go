@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/consumer"
 	"github.com/outboxd/outboxd/format"
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -50,18 +51,18 @@ func TestRunFormats(t *testing.T) {
 		t.Helper()
 		return createSchema(t, cl, subject, s)
 	}
-	insert := func(e *Env, payload string) {
+	insert := func(e *e2e.Env, payload string) {
 		e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, $2::jsonb)`, e.Topic, payload)
 	}
 
 	t.Run("json-schema, structured cloudevents", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		id := register(t, e.Topic+"-value", sr.Schema{Type: sr.TypeJSON, Schema: orderJSONSchema})
 		d := e.Start("--value-format", "json-schema", "--schema-registry-url", reg.URL, "--cloudevents", "structured")
 		insert(e, `{"n": 1, "at": "2026-12-02T09:00:00Z"}`)
 		m := testenv.Kafka(t).ReadAll(t, e.Topic, 1, 60*time.Second)[0]
-		if ct := Header(m, "content-type"); !strings.HasPrefix(ct, "application/cloudevents+json") {
+		if ct := e2e.Header(m, "content-type"); !strings.HasPrefix(ct, "application/cloudevents+json") {
 			t.Fatalf("content-type %q", ct)
 		}
 		var ev map[string]any
@@ -73,11 +74,11 @@ func TestRunFormats(t *testing.T) {
 		if at, err := time.Parse(time.RFC3339Nano, ts); err != nil || !at.Truncate(time.Millisecond).Equal(m.Timestamp) { // Kafka keeps milliseconds
 			t.Fatalf("time %q, want the record's timestamp %s (%v)", ts, m.Timestamp, err)
 		}
-		if ev["specversion"] != "1.0" || ev["id"] != Header(m, "outbox-id") || ev["type"] != e.Topic ||
+		if ev["specversion"] != "1.0" || ev["id"] != e2e.Header(m, "outbox-id") || ev["type"] != e.Topic ||
 			!strings.HasPrefix(src, "postgresql://127.0.0.1:") || !strings.HasSuffix(src, "/public.outbox") || ev["datacontenttype"] != "application/json" || ev["data_base64"] == nil {
 			t.Fatalf("structured event %s", m.Value)
 		}
-		got := decodeWith(t, cl, format.JSONSchema, &consumer.Message{Topic: m.Topic, Value: m.Value, Headers: []consumer.Header{{Key: "content-type", Value: []byte(Header(m, "content-type"))}}})
+		got := decodeWith(t, cl, format.JSONSchema, &consumer.Message{Topic: m.Topic, Value: m.Value, Headers: []consumer.Header{{Key: "content-type", Value: []byte(e2e.Header(m, "content-type"))}}})
 		if got.CloudEvent == nil || got.CloudEvent.Mode != format.Structured || got.Value.SchemaID != id ||
 			!reflect.DeepEqual(got.Value.Decoded, map[string]any{"n": json.Number("1"), "at": "2026-12-02T09:00:00Z"}) {
 			t.Fatalf("consumer got %+v %+v", got.Value, got.CloudEvent)
@@ -87,7 +88,7 @@ func TestRunFormats(t *testing.T) {
 
 	t.Run("protobuf value, avro key", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		register(t, e.Topic+"-value", sr.Schema{Type: sr.TypeProtobuf, Schema: orderProto})
 		keyID := register(t, e.Topic+"-key", sr.Schema{Schema: `"string"`})
 		d := e.Start("--value-format", "protobuf", "--key-format", "avro", "--schema-registry-url", reg.URL)
@@ -113,21 +114,21 @@ func TestRunFormats(t *testing.T) {
 
 	t.Run("avro from --source=poll, binary cloudevents, dead letter", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		migrateForPoll(t, e.DSN)
 		register(t, e.Topic+"-value", sr.Schema{Schema: orderAvro})
 		dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
-		d := StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--value-format", "avro", "--schema-registry-url", reg.URL,
+		d := e2e.StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--value-format", "avro", "--schema-registry-url", reg.URL,
 			"--cloudevents", "binary", "--dead-letter-topic", dlq)...)
 		d.WaitLog("polling", 60*time.Second)
 		insert(e, `{"n": 3, "at": 0}`)
 		insert(e, `{"n": 3.5, "at": 0}`)
 		m := testenv.Kafka(t).ReadAll(t, e.Topic, 1, 60*time.Second)[0]
-		if v := referenceAvro(t, cl, m.Value); v["n"] != 3 || Header(m, "ce_id") != Header(m, "outbox-id") || Header(m, "content-type") != "application/avro" {
+		if v := referenceAvro(t, cl, m.Value); v["n"] != 3 || e2e.Header(m, "ce_id") != e2e.Header(m, "outbox-id") || e2e.Header(m, "content-type") != "application/avro" {
 			t.Fatalf("value %v, headers %q", v, headerPairs(m))
 		}
 		dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 60*time.Second)[0]
-		if reason := Header(dead, "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") {
+		if reason := e2e.Header(dead, "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") {
 			t.Fatalf("dead-letter headers %q", headerPairs(dead))
 		}
 		d.Stop()
@@ -138,14 +139,14 @@ func TestRunFormats(t *testing.T) {
 // does, and stops at a payload that does not fit, naming it.
 func TestReplayWritesTheFormats(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
 	createSchema(t, cl, e.Topic+"-value", sr.Schema{Schema: orderAvro})
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('k', $1, '{"n": 1, "at": 0}'), ('k', $1, '{"n": 2, "at": 0}'), ('k', $1, '{"n": "x"}')`, e.Topic)
 	args := e.Args("--from-id", "1", "--value-format", "avro", "--schema-registry-url", reg.URL)
 	args[0] = "replay"
-	r := StartDaemon(t, args...)
+	r := e2e.StartDaemon(t, args...)
 	if code := r.Wait(60 * time.Second); code == 0 || !strings.Contains(r.Out.String(), "does not fit the avro schema") {
 		t.Fatalf("replay exited %d, want it to stop at the third row naming it:\n%s", code, r.Out.String())
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxd/outboxd/consumer"
 	"github.com/outboxd/outboxd/format"
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -90,7 +91,7 @@ func consumerDecoded(t *testing.T, cl *sr.Client, m *sarama.ConsumerMessage) *co
 	return got
 }
 
-func insertTyped(t *testing.T, e *Env, payload string) {
+func insertTyped(t *testing.T, e *e2e.Env, payload string) {
 	t.Helper()
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, event_type, created_at) VALUES ('k', $1, $2::jsonb, 'shop.OrderCreated', '2026-12-02 09:00:00.5+00')`, e.Topic, payload)
 }
@@ -103,7 +104,7 @@ func insertTyped(t *testing.T, e *Env, payload string) {
 // reason, and the stream goes on.
 func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	e.Exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
@@ -127,13 +128,13 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 			t.Fatalf("consumer decoded %+v", got.Value)
 		}
 		ce := got.CloudEvent
-		if ce == nil || ce.Mode != format.Binary || ce.SpecVersion != "1.0" || ce.ID != Header(m, "outbox-id") || ce.Source != "/shop/orders" ||
+		if ce == nil || ce.Mode != format.Binary || ce.SpecVersion != "1.0" || ce.ID != e2e.Header(m, "outbox-id") || ce.Source != "/shop/orders" ||
 			ce.Type != "shop.OrderCreated" || ce.Time != "2026-12-02T09:00:00.5Z" || ce.DataContentType != "application/avro" {
 			t.Fatalf("cloudevent %+v, headers %q", ce, headerPairs(m))
 		}
 	}
 	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 60*time.Second)
-	if reason := Header(dead[0], "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") || !strings.Contains(reason, "$.n") {
+	if reason := e2e.Header(dead[0], "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") || !strings.Contains(reason, "$.n") {
 		t.Fatalf("dead-letter reason %q, want the schema mismatch", reason)
 	}
 	if !strings.Contains(string(dead[0].Value), `\"two\"`) {
@@ -147,7 +148,7 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 // skips it; restarted with it, the next row is published.
 func TestRunAvroBadPayloadHaltsNamingTheSkip(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	e.Exec(`ALTER TABLE outbox ADD COLUMN event_type text`)
 	reg := testenv.Registry(t)
 	cl := registryClient(t, reg.URL)
@@ -177,7 +178,7 @@ func TestRunAvroBadPayloadHaltsNamingTheSkip(t *testing.T) {
 // in-memory registry starts empty) every row arrives, none lost.
 func TestRunAvroRegistryDownAtStart(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	reg := testenv.StartRegistry(t)
 	reg.Stop()
 	schema := filepath.Join(t.TempDir(), "order.avsc")
@@ -210,7 +211,7 @@ func TestRunAvroRegistryDownAtStart(t *testing.T) {
 // encode, exiting never), and once it is back every row arrives in order.
 func TestRunAvroNewVersionAndRegistryDownMidStream(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	reg := testenv.StartRegistry(t)
 	schema := filepath.Join(t.TempDir(), "order.avsc")
 	if err := os.WriteFile(schema, []byte(orderAvro), 0o600); err != nil {

@@ -6,13 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 // hookEnv has a hook_orders table and a hook that marks an order sent once its
 // event is in Kafka. The hook fails while hook_block has a row.
-func hookEnv(t *testing.T) (*Env, string) {
-	e := NewEnv(t, 1)
+func hookEnv(t *testing.T) (*e2e.Env, string) {
+	e := e2e.NewEnv(t, 1)
 	e.Exec(`CREATE TABLE hook_orders (id bigint primary key, status text not null)`)
 	e.Exec(`CREATE TABLE hook_block (reason text)`)
 	e.Exec(`CREATE FUNCTION mark_sent(agg text) RETURNS void LANGUAGE plpgsql AS $$
@@ -23,7 +24,7 @@ func hookEnv(t *testing.T) (*Env, string) {
 	return e, e.Topic + "=SELECT mark_sent($1)"
 }
 
-func (e *Env) status(id int) string {
+func hookStatus(e *e2e.Env, id int) string {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -34,7 +35,7 @@ func (e *Env) status(id int) string {
 	return s
 }
 
-func (e *Env) order(id int, topic string) {
+func hookOrder(e *e2e.Env, id int, topic string) {
 	e.T.Helper()
 	e.Exec(`WITH o AS (INSERT INTO hook_orders VALUES ($1, 'created') RETURNING id)
 		INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'order-' || id, $2, '{"status": "created"}' FROM o`, id, topic)
@@ -48,11 +49,11 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 		t.Parallel()
 		e, hook := hookEnv(t)
 		d := e.Start("--hook", hook)
-		e.order(1, e.Topic)
+		hookOrder(e, 1, e.Topic)
 		if got := len(k.ReadAll(t, e.Topic, 1, 30*time.Second)); got != 1 {
 			t.Fatalf("%d records, want 1", got)
 		}
-		waitFor(t, 30*time.Second, func() bool { return e.status(1) == "sent_to_establishment" })
+		e2e.WaitFor(t, 30*time.Second, func() bool { return hookStatus(e, 1) == "sent_to_establishment" })
 		d.Stop()
 		// Confirmed: a restart publishes nothing again.
 		d = e.Start("--hook", hook)
@@ -67,11 +68,11 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 		e, hook := hookEnv(t)
 		missing := testenv.UniqueName("missing")
 		d := e.Start("--hook", hook, "--hook", missing+"=SELECT mark_sent($1)")
-		e.order(1, missing) // a topic that does not exist: poison, halts
+		hookOrder(e, 1, missing) // a topic that does not exist: poison, halts
 		if code := d.Wait(60 * time.Second); code != 1 {
 			t.Fatalf("exit %d, want 1", code)
 		}
-		if s := e.status(1); s != "created" {
+		if s := hookStatus(e, 1); s != "created" {
 			t.Fatalf("status %q after a failed publish, want created", s)
 		}
 	})
@@ -80,13 +81,13 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 		e, hook := hookEnv(t)
 		e.Exec(`INSERT INTO hook_block VALUES ('test')`)
 		d := e.Start("--hook", hook)
-		e.order(1, e.Topic)
+		hookOrder(e, 1, e.Topic)
 		d.WaitLog("post-publish hook failed", 30*time.Second)
-		if s := e.status(1); s != "created" {
+		if s := hookStatus(e, 1); s != "created" {
 			t.Fatalf("status %q while the hook fails", s)
 		}
 		e.Exec(`DELETE FROM hook_block`)
-		waitFor(t, 30*time.Second, func() bool { return e.status(1) == "sent_to_establishment" })
+		e2e.WaitFor(t, 30*time.Second, func() bool { return hookStatus(e, 1) == "sent_to_establishment" })
 		n := len(k.ReadAll(t, e.Topic, 100, 3*time.Second))
 		t.Logf("hook failed then succeeded: event published %d times (re-published on each retry)", n)
 		if n < 2 {
@@ -102,25 +103,14 @@ func TestRunHookRunsAfterPublishBeforeConfirm(t *testing.T) {
 		e, _ := hookEnv(t)
 		other := k.Topic(t, "nohook", 1)
 		d := e.Start("--hook", other+"-x=SELECT mark_sent($1)")
-		e.order(1, other)
+		hookOrder(e, 1, other)
 		if got := len(k.ReadAll(t, other, 1, 30*time.Second)); got != 1 {
 			t.Fatalf("%d records, want 1", got)
 		}
 		time.Sleep(time.Second)
-		if s := e.status(1); s != "created" {
+		if s := hookStatus(e, 1); s != "created" {
 			t.Fatalf("status %q: a hook ran for a topic without one", s)
 		}
 		d.Stop()
 	})
-}
-
-func waitFor(t *testing.T, timeout time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", timeout)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

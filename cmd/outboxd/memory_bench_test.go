@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
@@ -64,8 +65,8 @@ func memCells() []memCell {
 // memRun is one outboxd of the table.
 type memRun struct {
 	c      memCell
-	e      *Env
-	d      *Daemon
+	e      *e2e.Env
+	d      *e2e.Daemon
 	during int64 // peak RSS when Kafka came back (stopped runs)
 	peak   int64
 	file   int64 // the executable's resident pages at the end
@@ -74,31 +75,28 @@ type memRun struct {
 
 func startMemRun(t *testing.T, c memCell, brokers []string) *memRun {
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: brokers, Topic: testenv.UniqueName("memtab"), Slot: testenv.UniqueName("slot")}
-	createTopic(t, brokers, e.Topic, 6)
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: brokers, Topic: testenv.UniqueName("memtab"), Slot: testenv.UniqueName("slot")}
+	e2e.CreateTopic(t, brokers, e.Topic, 6)
 	e.Migrate()
 	args := e.Args()
 	if c.budget != 0 {
 		args = append(args, "--max-in-flight-bytes", strconv.FormatInt(c.budget, 10))
 	}
 	p := testproc.StartEnv(t, testproc.CleanEnv(), noRaceBinary(t), args...)
-	d := &Daemon{T: t, P: p, Out: Output{p}, done: make(chan struct{})}
-	go func() {
-		<-p.Done()
-		d.Code = p.ExitCode()
-		close(d.done)
-	}()
+	d := e2e.NewDaemon(t, p)
 	d.WaitLog("streaming", 2*time.Minute)
 	// One event through first: the session has its producer.
-	e.bigRows(1, 100, 1, 1)
-	waitFor(t, 2*time.Minute, func() bool { return endOffsets(brokers, e.Topic) >= 1 })
+	bigRows(e, 1, 100, 1, 1)
+	e2e.WaitFor(t, 2*time.Minute, func() bool { return e2e.EndOffsets(brokers, e.Topic) >= 1 })
 	return &memRun{c: c, e: e, d: d}
 }
 
-func (r *memRun) write() { r.e.bigRows(r.c.rows, r.c.size, max(1, min(100, 10_000_000/r.c.size)), 200) }
+func (r *memRun) write() {
+	bigRows(r.e, r.c.rows, r.c.size, max(1, min(100, 10_000_000/r.c.size)), 200)
+}
 
 func (r *memRun) wait(t *testing.T, start time.Time) {
-	waitFor(t, 10*time.Minute, func() bool { return endOffsets(r.e.Brokers, r.e.Topic) >= int64(r.c.rows+1) })
+	e2e.WaitFor(t, 10*time.Minute, func() bool { return e2e.EndOffsets(r.e.Brokers, r.e.Topic) >= int64(r.c.rows+1) })
 	r.took = time.Since(start)
 	r.peak = r.d.PeakRSS()
 	r.file, _ = testproc.ResidentFile(r.d.PID())

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
@@ -43,7 +44,7 @@ func memBound(t testing.TB, budget int64) int64 {
 
 // residentFile is the executable's pages in the process's memory now
 // (RssFile), for the log; -1 if unknown.
-func (d *Daemon) residentFile() int64 {
+func residentFile(d *e2e.Daemon) int64 {
 	n, err := testproc.ResidentFile(d.PID())
 	if err != nil {
 		return -1
@@ -77,22 +78,17 @@ func noRaceBinary(t testing.TB) string {
 
 // startNoRace starts a non-race outboxd with e's arguments and waits until
 // it streams.
-func (e *Env) startNoRace(extra ...string) *Daemon {
+func startNoRace(e *e2e.Env, extra ...string) *e2e.Daemon {
 	e.T.Helper()
 	p := testproc.Start(e.T, noRaceBinary(e.T), e.Args(extra...)...)
-	d := &Daemon{T: e.T, P: p, Out: Output{p}, done: make(chan struct{})}
-	go func() {
-		<-p.Done()
-		d.Code = p.ExitCode()
-		close(d.done)
-	}()
+	d := e2e.NewDaemon(e.T, p)
 	d.WaitLog("streaming", 60*time.Second)
 	return d
 }
 
 // bigRows commits n outbox rows of about size bytes each, in transactions of
 // perTxn rows, over aggs aggregates.
-func (e *Env) bigRows(n, size, perTxn, aggs int) {
+func bigRows(e *e2e.Env, n, size, perTxn, aggs int) {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -117,19 +113,19 @@ func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("mem"), Slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.Topic, 6)
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("mem"), Slot: testenv.UniqueName("slot")}
+	e2e.CreateTopic(t, ks.Brokers, e.Topic, 6)
 	e.Migrate()
 	const budget = 16 << 20
 	args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
-	d := e.startNoRace(args...)
+	d := startNoRace(e, args...)
 	// One event through first: the session then has its producer, and the
 	// outage hits a running pipeline (not a start that cannot connect).
-	e.bigRows(1, 100, 1, 1)
-	waitFor(t, time.Minute, func() bool { return endOffsets(ks.Brokers, e.Topic) >= 1 })
+	bigRows(e, 1, 100, 1, 1)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(ks.Brokers, e.Topic) >= 1 })
 	ks.Stop()
 	const rows, size = 1000, 900_000
-	e.bigRows(rows, size, 10, 50)
+	bigRows(e, rows, size, 10, 50)
 	down := time.Now()
 	for time.Since(down) < 15*time.Second { // the outage, observed
 		if d.Exited() {
@@ -146,7 +142,7 @@ func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
 	peak := d.PeakRSS()
 	bound := memBound(t, budget)
 	t.Logf("%d events of %d KB, Kafka stopped %s, budget %d MiB: peak RSS %d MiB during the outage, %d MiB in all (bound %d MiB: 2 × budget + 24 MiB + the %d MiB executable, of which %d MiB resident; README's 2 × budget + 64 MiB = %d MiB); %s; restarts %v",
-		n, size/1000, time.Since(down).Round(time.Second), budget>>20, during>>20, peak>>20, bound>>20, (bound-memLimit(budget))>>20, d.residentFile()>>20, (2*budget+64<<20)>>20, v, d.restarts())
+		n, size/1000, time.Since(down).Round(time.Second), budget>>20, during>>20, peak>>20, bound>>20, (bound-memLimit(budget))>>20, residentFile(d)>>20, (2*budget+64<<20)>>20, v, d.Restarts())
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != rows+1 {
 		t.Fatalf("after Kafka came back: %s (%d rows)", v, n)
 	}
@@ -179,16 +175,16 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 		for _, mode := range []string{"at-least-once", "exactly-once"} {
 			t.Run(s.name+"/"+mode, func(t *testing.T) {
 				t.Parallel()
-				e := NewEnv(t, 6)
+				e := e2e.NewEnv(t, 6)
 				const budget = 16 << 20
 				args := []string{"--max-in-flight-bytes", strconv.Itoa(budget)}
 				if mode == "exactly-once" {
-					args = eosArgs(args...)
+					args = e2e.EOSArgs(args...)
 				}
-				d := e.startNoRace(args...)
+				d := startNoRace(e, args...)
 				start := time.Now()
-				e.bigRows(s.rows, s.size, s.perTxn, s.aggs)
-				waitFor(t, 10*time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= int64(s.rows) })
+				bigRows(e, s.rows, s.size, s.perTxn, s.aggs)
+				e2e.WaitFor(t, 10*time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= int64(s.rows) })
 				took := time.Since(start)
 				// The end offsets are only a first signal: in exactly-once
 				// mode they count transaction markers and the records of a
@@ -196,14 +192,14 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 				// count while the last transaction is still open (a CI run
 				// stopped outboxd there and read 190 of 200). What a
 				// read_committed consumer sees is read before the stop.
-				var v Verdict
+				var v e2e.Verdict
 				n := s.rows
 				if s.size > 1000 {
 					v, n = e.Delivered(3 * time.Minute)
 				}
 				peak := d.PeakRSS()
 				bound := memBound(t, budget)
-				file := d.residentFile()
+				file := residentFile(d)
 				d.Stop()
 				t.Logf("transactions of %d of %d events of %d B, %s, budget %d MiB: published in %s, peak RSS %d MiB (bound %d MiB; the executable's resident pages %d MiB); %s",
 					s.perTxn, n, s.size, mode, budget>>20, took.Round(100*time.Millisecond), peak>>20, bound>>20, file>>20, v)
@@ -229,10 +225,10 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 	t.Parallel()
 	const size = 200_000_000
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	const budget = 16 << 20
-	d := e.startNoRace("--max-in-flight-bytes", strconv.Itoa(budget), "--metrics-addr", "127.0.0.1:0")
-	m := metricsAddrLog.FindStringSubmatch(d.Out.String())
+	d := startNoRace(e, "--max-in-flight-bytes", strconv.Itoa(budget), "--metrics-addr", "127.0.0.1:0")
+	m := e2e.MetricsAddrLog.FindStringSubmatch(d.Out.String())
 	if m == nil {
 		t.Fatalf("no metrics address in the log:\n%s", d.Out.String())
 	}
@@ -267,7 +263,7 @@ func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 	v, n := e.Delivered(3 * time.Minute)
 	peak := d.PeakRSS()
 	bound := memBound(t, budget)
-	got := scrape(t, base)
+	got := e2e.Scrape(t, base)
 	t.Logf("2 foreign messages of %d MB between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB); %s; foreign messages %v, bytes %v",
 		size/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got["outboxd_foreign_messages_total"], got["outboxd_foreign_message_bytes_total"])
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != 4 {
@@ -310,11 +306,11 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 		budget, _ = strconv.ParseInt(s, 10, 64)
 	}
 	const authentic = 200_000_000
-	e := NewEnv(t, 1)
-	stranger := e.loginRole("stranger")
+	e := e2e.NewEnv(t, 1)
+	stranger := loginRole(e, "stranger")
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
-	d := e.startNoRace("--max-in-flight-bytes", strconv.FormatInt(budget, 10), "--metrics-addr", "127.0.0.1:0", "--dead-letter-topic", dlq)
-	m := metricsAddrLog.FindStringSubmatch(d.Out.String())
+	d := startNoRace(e, "--max-in-flight-bytes", strconv.FormatInt(budget, 10), "--metrics-addr", "127.0.0.1:0", "--dead-letter-topic", dlq)
+	m := e2e.MetricsAddrLog.FindStringSubmatch(d.Out.String())
 	if m == nil {
 		t.Fatalf("no metrics address in the log:\n%s", d.Out.String())
 	}
@@ -358,7 +354,7 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 2*time.Minute)
 	peak := d.PeakRSS()
 	bound := memBound(t, budget)
-	got := scrape(t, base)
+	got := e2e.Scrape(t, base)
 	t.Logf("own-prefix messages of %d MB (forged) and %d MB (outbox_emit) between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB; Kubernetes limit 256 MiB); %s; rejected bad_mac %v",
 		size/1_000_000, authentic/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got[`outboxd_rejected_messages_total{reason="bad_mac"}`])
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != 5 {
@@ -376,7 +372,7 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 	if len(dead) != 1 {
 		t.Fatalf("dead-lettered %d records, want the authentic message", len(dead))
 	}
-	reason := Header(dead[0], "dlq-error")
+	reason := e2e.Header(dead[0], "dlq-error")
 	if !strings.Contains(reason, "larger than --kafka-max-message-bytes") || !strings.Contains(string(dead[0].Value), "big-key") ||
 		strings.Contains(string(dead[0].Value), "yyyy") || len(dead[0].Value) > 64<<10 {
 		t.Errorf("dead letter: reason %q, value of %d bytes %.200q; want the size named, the key kept, no payload", reason, len(dead[0].Value), dead[0].Value)

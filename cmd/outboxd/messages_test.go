@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ func emit(ctx context.Context, tx pgx.Tx, topic, agg, payload string) error {
 }
 
 // emittedRows are the committed events, keyed by outbox-id (the LSN).
-func (e *Env) emittedRows() map[int64]Row {
+func emittedRows(e *e2e.Env) map[int64]e2e.Row {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -37,9 +38,9 @@ func (e *Env) emittedRows() map[int64]Row {
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	out := map[int64]Row{}
+	out := map[int64]e2e.Row{}
 	var id int64
-	var r Row
+	var r e2e.Row
 	if _, err := pgx.ForEachRow(rs, []any{&id, &r.Agg, &r.Payload, &r.Topic}, func() error {
 		out[id] = r
 		return nil
@@ -49,15 +50,15 @@ func (e *Env) emittedRows() map[int64]Row {
 	return out
 }
 
-func (e *Env) emittedDelivered(timeout time.Duration) (Verdict, int) {
+func emittedDelivered(e *e2e.Env, timeout time.Duration) (e2e.Verdict, int) {
 	e.T.Helper()
-	want := e.emittedRows()
-	return Verify(e.T, want, Consume(e.T, e.Brokers, e.Topic, want, timeout)), len(want)
+	want := emittedRows(e)
+	return e2e.Verify(e.T, want, e2e.Consume(e.T, e.Brokers, e.Topic, want, timeout)), len(want)
 }
 
 // emitWriter emits n events in transactions of 1..maxTxn, over aggregates
 // of its own (so per key, commit order is LSN order).
-func (e *Env) emitWriter(ctx context.Context, w, n int, l Load) error {
+func emitWriter(e *e2e.Env, ctx context.Context, w, n int, l e2e.Load) error {
 	conn, err := pgx.Connect(ctx, e.DSN)
 	if err != nil {
 		return err
@@ -93,7 +94,7 @@ func (e *Env) emitWriter(ctx context.Context, w, n int, l Load) error {
 // savepoint publish nothing.
 func TestRunTablelessOutbox(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	e.Exec(emittedDDL)
 	d := e.Start("--source", "messages")
 	c := e.Conn()
@@ -144,8 +145,8 @@ func TestRunTablelessOutbox(t *testing.T) {
 	if _, err := c.Exec(ctx, `SELECT outbox_emit($1, 'order-1', '{"n": 4}', jsonb_build_object('traceparent', NULL::text))`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
-	want := e.emittedRows()
-	got := Consume(t, e.Brokers, e.Topic, map[int64]Row{0: {}, 1: {}, 2: {}, 3: {}}, 60*time.Second)
+	want := emittedRows(e)
+	got := e2e.Consume(t, e.Brokers, e.Topic, map[int64]e2e.Row{0: {}, 1: {}, 2: {}, 3: {}}, 60*time.Second)
 	d.Stop()
 	if len(got) != 4 {
 		var vs []string
@@ -164,11 +165,11 @@ func TestRunTablelessOutbox(t *testing.T) {
 			t.Errorf("record %d: key %q value %s, want order-1 %s in commit order", i, m.Key, m.Value, want)
 		}
 	}
-	if h := Header(got[1], "traceparent"); h != tp || Header(got[1], "outbox-id") != fmt.Sprint(traced) {
+	if h := e2e.Header(got[1], "traceparent"); h != tp || e2e.Header(got[1], "outbox-id") != fmt.Sprint(traced) {
 		t.Errorf("traced event: headers %q, want traceparent %s and outbox-id %d (its LSN)", headerPairs(got[1]), tp, traced)
 	}
 	for _, m := range []int{0, 2} {
-		id := Header(got[m], "outbox-id")
+		id := e2e.Header(got[m], "outbox-id")
 		var found bool
 		for lsn := range want {
 			found = found || fmt.Sprint(lsn) == id
@@ -185,19 +186,19 @@ func TestRunTablelessOutbox(t *testing.T) {
 // order.
 func TestRunTablelessKill9LosesNothing(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	e.Exec(emittedDDL)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writeDone := make(chan error, 1)
-	l := Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 20, Pause: 3 * time.Millisecond}
+	l := e2e.Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 20, Pause: 3 * time.Millisecond}
 	for i := 0; i < 3; i++ {
 		d := e.Start("--source", "messages")
 		if i == 0 {
 			go func() {
 				errs := make(chan error, l.Writers)
 				for w := range l.Writers {
-					go func() { errs <- e.emitWriter(ctx, w, l.Total/l.Writers, l) }()
+					go func() { errs <- emitWriter(e, ctx, w, l.Total/l.Writers, l) }()
 				}
 				var err error
 				for range l.Writers {
@@ -215,7 +216,7 @@ func TestRunTablelessKill9LosesNothing(t *testing.T) {
 	if err := <-writeDone; err != nil {
 		t.Fatal(err)
 	}
-	v, n := e.emittedDelivered(2 * time.Minute)
+	v, n := emittedDelivered(e, 2*time.Minute)
 	t.Logf("outbox_emit, kill -9 three times mid-stream, %d events: %s", n, v)
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != l.Total {
 		t.Fatalf("%d events emitted, %s; want %d, nothing lost, reordered or corrupt", n, v, l.Total)
@@ -227,7 +228,7 @@ func TestRunTablelessKill9LosesNothing(t *testing.T) {
 // and outbox_emit's messages are one stream, in commit order per key.
 func TestRunTableAndMessagesInOneStream(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	d := e.Start()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -263,7 +264,7 @@ func TestRunTableAndMessagesInOneStream(t *testing.T) {
 // WAL (no WAL piles up behind an idle table-less outbox).
 func TestRunTablelessIdleWAL(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	e.Exec(`CREATE TABLE busy (id bigserial PRIMARY KEY, v text)`)
 	d := e.Start("--source", "messages")
 	c := e.Conn()

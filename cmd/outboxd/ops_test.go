@@ -7,79 +7,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
-
-var metricsAddrLog = regexp.MustCompile(`serving metrics\s+\{"addr": "([^"]+)"\}`)
-
-// startWithMetrics starts outboxd with --metrics-addr on a free port and
-// returns the daemon and its base URL.
-func (e *Env) startWithMetrics(extra ...string) (*Daemon, string) {
-	e.T.Helper()
-	d := StartDaemon(e.T, e.Args(append([]string{"--metrics-addr", "127.0.0.1:0"}, extra...)...)...)
-	d.WaitLog("serving metrics", 60*time.Second)
-	m := metricsAddrLog.FindStringSubmatch(d.Out.String())
-	if m == nil {
-		e.T.Fatalf("no metrics address in the log:\n%s", d.Out.String())
-	}
-	return d, "http://" + m[1]
-}
-
-func get(t testing.TB, url string) (int, string) {
-	t.Helper()
-	c := http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	return resp.StatusCode, string(b)
-}
-
-// scrape reads /metrics into name{labels} → value (labels as exposed).
-func scrape(t testing.TB, base string) map[string]float64 {
-	t.Helper()
-	code, body := get(t, base+"/metrics")
-	if code != http.StatusOK {
-		t.Fatalf("/metrics: HTTP %d", code)
-	}
-	out := map[string]float64{}
-	for _, line := range strings.Split(body, "\n") {
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("/metrics line %q: %v", line, err)
-		}
-		out[line[:i]] = v
-	}
-	return out
-}
-
-// one returns the value of a series that must exist.
-func one(t testing.TB, m map[string]float64, series string) float64 {
-	t.Helper()
-	v, ok := m[series]
-	if !ok {
-		t.Fatalf("no series %s in /metrics", series)
-	}
-	return v
-}
 
 func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	t.Parallel()
@@ -88,19 +24,19 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	// (one writes 2 MB/s) kept it near 2 MB when this one was idle.
 	ps := testenv.StartPostgres(t)
 	k := testenv.Kafka(t)
-	e := &Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "e2e", 3), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "e2e", 3), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	// A linger makes Kafka acknowledge in batches every 700 ms: events stay
 	// in flight long enough for the lag to be seen mid-run. One event over
 	// --kafka-max-message-bytes goes to the dead-letter topic.
-	d, base := e.startWithMetrics("--slot-poll-interval", "200ms", "--kafka-linger", "700ms",
+	d, base := e.StartWithMetrics("--slot-poll-interval", "200ms", "--kafka-linger", "700ms",
 		"--dead-letter-topic", dlq, "--kafka-max-message-bytes", "100000")
 	d.WaitLog("streaming", 60*time.Second)
-	before := scrape(t, base)
+	before := e2e.Scrape(t, base)
 	topic := fmt.Sprintf(`{topic=%q}`, e.Topic)
 	for _, s := range []string{"outboxd_standby", "outboxd_lag_seconds", "outboxd_in_flight_events", `outboxd_pipeline_restarts_total{cause="kafka"}`} {
-		if v := one(t, before, s); v != 0 {
+		if v := e2e.One(t, before, s); v != 0 {
 			t.Errorf("%s = %v before any event, want 0", s, v)
 		}
 	}
@@ -108,7 +44,7 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	const total = 3000
 	writeDone := make(chan error, 1)
 	go func() {
-		writeDone <- e.Write(context.Background(), Load{Writers: 2, Aggregates: 40, Total: total, MaxTxn: 20, Pause: 5 * time.Millisecond})
+		writeDone <- e.Write(context.Background(), e2e.Load{Writers: 2, Aggregates: 40, Total: total, MaxTxn: 20, Pause: 5 * time.Millisecond})
 	}()
 	var maxLagSec, maxLagBytes, maxInFlight float64
 	for writing := true; writing; {
@@ -120,10 +56,10 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 			writing = false
 		case <-time.After(100 * time.Millisecond):
 		}
-		m := scrape(t, base)
-		maxLagSec = max(maxLagSec, one(t, m, "outboxd_lag_seconds"))
-		maxLagBytes = max(maxLagBytes, one(t, m, "outboxd_lag_bytes"))
-		maxInFlight = max(maxInFlight, one(t, m, "outboxd_in_flight_events"))
+		m := e2e.Scrape(t, base)
+		maxLagSec = max(maxLagSec, e2e.One(t, m, "outboxd_lag_seconds"))
+		maxLagBytes = max(maxLagBytes, e2e.One(t, m, "outboxd_lag_bytes"))
+		maxInFlight = max(maxInFlight, e2e.One(t, m, "outboxd_in_flight_events"))
 	}
 
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('big', $1, jsonb_build_object('pad', repeat('x', 200000)))`, e.Topic)
@@ -132,7 +68,7 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	var m map[string]float64
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		m = scrape(t, base)
+		m = e2e.Scrape(t, base)
 		if m["outboxd_events_published_total"+topic] == total && m["outboxd_poison_events_diverted_total"+topic] == 1 &&
 			m["outboxd_lag_seconds"] == 0 &&
 			m["outboxd_lag_bytes"] < 64<<10 && m["outboxd_in_flight_events"] == 0 {
@@ -157,43 +93,43 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 	if maxLagSec <= 0 || maxLagBytes <= 0 || maxInFlight <= 0 {
 		t.Errorf("lag and in-flight never moved during the run: %.3f s, %.0f bytes, %.0f events", maxLagSec, maxLagBytes, maxInFlight)
 	}
-	if got := one(t, m, "outboxd_bytes_published_total"+topic); got < total*50 {
+	if got := e2e.One(t, m, "outboxd_bytes_published_total"+topic); got < total*50 {
 		t.Errorf("bytes published %v, want ≥ %d", got, total*50)
 	}
-	if got := one(t, m, "outboxd_commit_to_ack_seconds_count"); got != total {
+	if got := e2e.One(t, m, "outboxd_commit_to_ack_seconds_count"); got != total {
 		t.Errorf("commit-to-ack histogram count %v, want %d", got, total)
 	}
-	if got := one(t, m, "outboxd_commit_to_ack_seconds_sum"); got <= 0 {
+	if got := e2e.One(t, m, "outboxd_commit_to_ack_seconds_sum"); got <= 0 {
 		t.Errorf("commit-to-ack histogram sum %v, want > 0", got)
 	}
-	if got := one(t, m, `outboxd_commit_to_ack_seconds_bucket{le="0.0005"}`); got >= total {
+	if got := e2e.One(t, m, `outboxd_commit_to_ack_seconds_bucket{le="0.0005"}`); got >= total {
 		t.Errorf("every ack within 0.5 ms despite a 700 ms linger: histogram not observing latency")
 	}
 	if m["outboxd_confirmed_lsn"] <= before["outboxd_confirmed_lsn"] || m["outboxd_received_lsn"] < m["outboxd_confirmed_lsn"] {
 		t.Errorf("LSNs: confirmed %v (was %v), received %v", m["outboxd_confirmed_lsn"], before["outboxd_confirmed_lsn"], m["outboxd_received_lsn"])
 	}
-	if one(t, m, "outboxd_server_wal_lsn") < m["outboxd_confirmed_lsn"] {
+	if e2e.One(t, m, "outboxd_server_wal_lsn") < m["outboxd_confirmed_lsn"] {
 		t.Errorf("server WAL LSN %v behind confirmed %v", m["outboxd_server_wal_lsn"], m["outboxd_confirmed_lsn"])
 	}
-	if one(t, m, `outboxd_slot_polls_total{result="ok"}`) < 2 || m["outboxd_slot_retained_wal_bytes"] <= 0 {
+	if e2e.One(t, m, `outboxd_slot_polls_total{result="ok"}`) < 2 || m["outboxd_slot_retained_wal_bytes"] <= 0 {
 		t.Errorf("slot poller: %v polls, retained %v bytes", m[`outboxd_slot_polls_total{result="ok"}`], m["outboxd_slot_retained_wal_bytes"])
 	}
 	// The operators' signals: this process is the active one, it streams
 	// from a slot whose WAL is kept (reserved, or extended past max_wal_size
 	// on a busy server), and it published an event not long ago.
-	if v := one(t, m, `outboxd_state{state="active"}`); v != 1 {
+	if v := e2e.One(t, m, `outboxd_state{state="active"}`); v != 1 {
 		t.Errorf(`outboxd_state{state="active"} = %v, want 1`, v)
 	}
-	if v := one(t, m, "outboxd_slot_active"); v != 1 {
+	if v := e2e.One(t, m, "outboxd_slot_active"); v != 1 {
 		t.Errorf("outboxd_slot_active = %v, want 1", v)
 	}
-	if v := one(t, m, `outboxd_slot_wal_status{status="reserved"}`) + one(t, m, `outboxd_slot_wal_status{status="extended"}`); v != 1 {
+	if v := e2e.One(t, m, `outboxd_slot_wal_status{status="reserved"}`) + e2e.One(t, m, `outboxd_slot_wal_status{status="extended"}`); v != 1 {
 		t.Errorf("outboxd_slot_wal_status reserved + extended = %v, want 1", v)
 	}
-	if v := one(t, m, "outboxd_last_event_timestamp_seconds"); v < float64(time.Now().Add(-5*time.Minute).Unix()) || v > float64(time.Now().Unix()+1) {
+	if v := e2e.One(t, m, "outboxd_last_event_timestamp_seconds"); v < float64(time.Now().Add(-5*time.Minute).Unix()) || v > float64(time.Now().Unix()+1) {
 		t.Errorf("outboxd_last_event_timestamp_seconds = %v, want within the last few minutes", v)
 	}
-	if code, body := get(t, base+"/healthz"); code != http.StatusOK {
+	if code, body := e2e.Get(t, base+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz: %d %s", code, body)
 	}
 	d.Stop()
@@ -201,15 +137,15 @@ func TestRunMetricsMoveAndLagReturnsToZero(t *testing.T) {
 
 func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	// A long first backoff keeps the restarting state visible.
-	a, aURL := e.startWithMetrics("--restart-backoff-min", "4s", "--restart-backoff-max", "4s")
+	a, aURL := e.StartWithMetrics("--restart-backoff-min", "4s", "--restart-backoff-max", "4s")
 	a.WaitLog("streaming", 60*time.Second)
 	waitReady := func(name, url string, code int, body string) {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
-			c, b := get(t, url+"/readyz")
+			c, b := e2e.Get(t, url+"/readyz")
 			if c == code && strings.Contains(b, body) {
 				t.Logf("%s /readyz: %d %s", name, c, strings.TrimSpace(b))
 				return
@@ -222,10 +158,10 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	}
 	waitReady("active", aURL, http.StatusOK, "ready: active")
 
-	b, bURL := e.startWithMetrics("--standby-poll-interval", "300ms")
+	b, bURL := e.StartWithMetrics("--standby-poll-interval", "300ms")
 	b.WaitLog("standby: another process holds the slot", 30*time.Second)
 	waitReady("standby", bURL, http.StatusOK, "ready: standby")
-	if v := one(t, scrape(t, bURL), "outboxd_standby"); v != 1 {
+	if v := e2e.One(t, e2e.Scrape(t, bURL), "outboxd_standby"); v != 1 {
 		t.Errorf("standby's outboxd_standby = %v, want 1", v)
 	}
 
@@ -233,12 +169,12 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	// out the backoff, not ready; the standby takes over.
 	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
 	waitReady("restarting", aURL, http.StatusServiceUnavailable, "not ready: restarting")
-	if v := one(t, scrape(t, aURL), `outboxd_pipeline_restarts_total{cause="postgres"}`); v != 1 {
+	if v := e2e.One(t, e2e.Scrape(t, aURL), `outboxd_pipeline_restarts_total{cause="postgres"}`); v != 1 {
 		t.Errorf("restarts by cause postgres = %v, want 1", v)
 	}
 	waitReady("former standby", bURL, http.StatusOK, "ready: active")
 	waitReady("former active", aURL, http.StatusOK, "ready: standby")
-	if code, _ := get(t, aURL+"/healthz"); code != http.StatusOK {
+	if code, _ := e2e.Get(t, aURL+"/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz %d", code)
 	}
 	a.Stop()
@@ -248,14 +184,14 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 // runOnce runs outboxd to completion and returns its exit code and output.
 func runOnce(t *testing.T, args ...string) (int, string) {
 	t.Helper()
-	d := StartDaemon(t, args...)
+	d := e2e.StartDaemon(t, args...)
 	code := d.Wait(60 * time.Second)
 	return code, d.Out.String()
 }
 
 func TestStatusCommand(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	common := []string{"--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot}
 
 	code, out := runOnce(t, append([]string{"status"}, common...)...)
@@ -304,26 +240,26 @@ func TestRunNotReadyWhileStalled(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("notready"), Slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.Topic, 1)
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("notready"), Slot: testenv.UniqueName("slot")}
+	e2e.CreateTopic(t, ks.Brokers, e.Topic, 1)
 	e.Migrate()
-	d, base := e.startWithMetrics("--stall-timeout", "2s")
+	d, base := e.StartWithMetrics("--stall-timeout", "2s")
 	d.WaitLog("streaming", 60*time.Second)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
-		_ = e.Write(ctx, Load{Writers: 1, Aggregates: 10, Total: 100000, MaxTxn: 5, Pause: 20 * time.Millisecond})
+		_ = e.Write(ctx, e2e.Load{Writers: 1, Aggregates: 10, Total: 100000, MaxTxn: 5, Pause: 20 * time.Millisecond})
 	}()
 	topic := fmt.Sprintf(`{topic=%q}`, e.Topic)
-	waitFor(t, 30*time.Second, func() bool { return scrape(t, base)["outboxd_events_published_total"+topic] > 0 })
-	if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+	e2e.WaitFor(t, 30*time.Second, func() bool { return e2e.Scrape(t, base)["outboxd_events_published_total"+topic] > 0 })
+	if code, body := e2e.Get(t, base+"/readyz"); code != http.StatusOK {
 		t.Fatalf("/readyz while publishing: %d %q", code, body)
 	}
 
 	ks.Kill()
 	killed := time.Now()
-	waitFor(t, 30*time.Second, func() bool {
-		code, body := get(t, base+"/readyz")
+	e2e.WaitFor(t, 30*time.Second, func() bool {
+		code, body := e2e.Get(t, base+"/readyz")
 		if code == http.StatusServiceUnavailable && !strings.Contains(body, "not ready: stalled") {
 			t.Fatalf("/readyz while Kafka is down: %q", body)
 		}
@@ -333,18 +269,18 @@ func TestRunNotReadyWhileStalled(t *testing.T) {
 	if took := time.Since(killed); took > 10*time.Second {
 		t.Errorf("not ready only %s after Kafka was killed", took)
 	}
-	m := scrape(t, base)
+	m := e2e.Scrape(t, base)
 	if v := m["outboxd_stalled_seconds"]; v < 2 {
 		t.Errorf("outboxd_stalled_seconds %v while not ready for a stall, want ≥ 2", v)
 	}
 	t.Logf("Kafka killed: stalled %.1f s, in flight %v, lag %.2f s, retries %v",
 		m["outboxd_stalled_seconds"], m["outboxd_in_flight_events"], m["outboxd_lag_seconds"], m["outboxd_produce_retries_total"+topic])
 	ks.Start()
-	waitFor(t, 90*time.Second, func() bool {
-		code, body := get(t, base+"/readyz")
+	e2e.WaitFor(t, 90*time.Second, func() bool {
+		code, body := e2e.Get(t, base+"/readyz")
 		return code == http.StatusOK && strings.Contains(body, "ready: active")
 	})
-	if v := scrape(t, base)["outboxd_stalled_seconds"]; v > 1 {
+	if v := e2e.Scrape(t, base)["outboxd_stalled_seconds"]; v > 1 {
 		t.Errorf("outboxd_stalled_seconds %v after Kafka came back", v)
 	}
 	cancel()

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -13,18 +14,18 @@ import (
 // e2e test for --source=poll: the real binary, real PostgreSQL and Kafka.
 func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 6)
+	e := e2e.NewEnv(t, 6)
 	migrateForPoll(t, e.DSN)
 	e.Exec(`CREATE TABLE hooked (id bigint PRIMARY KEY)`)
-	d := StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
+	d := e2e.StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
 		"--hook", e.Topic+"=INSERT INTO hooked (id) SELECT $2::bigint WHERE $1::text IS NOT NULL ON CONFLICT DO NOTHING")...)
 	d.WaitLog("polling", 60*time.Second)
-	if err := e.Write(context.Background(), Load{Writers: 4, Aggregates: 200, Total: 5000, MaxTxn: 100}); err != nil {
+	if err := e.Write(context.Background(), e2e.Load{Writers: 4, Aggregates: 200, Total: 5000, MaxTxn: 100}); err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("--source=poll, 5000 events: %s", v)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("clean run: %s, want all zero", v)
 	}
 	d.Stop()
@@ -55,7 +56,7 @@ func migrateForPoll(t *testing.T, dsn string) {
 		"migrate: created column public.outbox.published_at\nmigrate: created index public.outbox_unpublished_id_idx\n",
 		"migrate: up to date\n",
 	} {
-		d := StartDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
+		d := e2e.StartDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
 		code := d.Wait(60 * time.Second)
 		// migrate also says whether PUBLIC may still emit logical messages:
 		// not what this test is about.

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/outboxd/outboxd/consumer"
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
@@ -77,7 +78,7 @@ func startRecorder(t *testing.T, brokers []string, topics ...string) *recorder {
 func (r *recorder) processed(t *testing.T, want []int64, suffix string, timeout time.Duration) []int64 {
 	t.Helper()
 	var missing []int64
-	waitFor(t, timeout, func() bool {
+	e2e.WaitFor(t, timeout, func() bool {
 		rows, _ := r.pool.Query(context.Background(), `SELECT w FROM unnest($1::bigint[]) AS w
 WHERE NOT EXISTS (SELECT FROM effects WHERE id = w AND origin LIKE '%' || $2)`, want, suffix)
 		var err error
@@ -90,7 +91,7 @@ WHERE NOT EXISTS (SELECT FROM effects WHERE id = w AND origin LIKE '%' || $2)`, 
 }
 
 // ids lists the outbox ids in the env's table, with where (SQL) if given.
-func (e *Env) ids(where string) []int64 {
+func idsWhere(e *e2e.Env, where string) []int64 {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -154,9 +155,9 @@ func restore(t *testing.T, srv *testenv.PGServer, backup, recovery string) {
 
 // refuses runs outboxd on e, which must exit non-zero with the rewind
 // message naming kind.
-func (e *Env) refuses(kind string) string {
+func refuses(e *e2e.Env, kind string) string {
 	e.T.Helper()
-	d := StartDaemon(e.T, e.Args()...)
+	d := e2e.StartDaemon(e.T, e.Args()...)
 	code := d.Wait(90 * time.Second)
 	out := d.Out.String()
 	for _, s := range []string{"the database went back in time", kind, "committed 20", "outboxd checkpoint reset --to-current-history", "nothing written since has been published"} {
@@ -168,10 +169,10 @@ func (e *Env) refuses(kind string) string {
 }
 
 // reset runs outboxd checkpoint reset --to-current-history on e.
-func (e *Env) reset() string {
+func resetSlot(e *e2e.Env) string {
 	e.T.Helper()
 	args := append([]string{"checkpoint", "reset", "--to-current-history"}, e.Args()[1:]...)
-	code, out := testproc.Run(e.T, 90*time.Second, BinPath, args...)
+	code, out := testproc.Run(e.T, 90*time.Second, e2e.BinPath, args...)
 	if code != 0 {
 		e.T.Fatalf("outboxd checkpoint reset: exit %d\n%s", code, out)
 	}
@@ -184,7 +185,7 @@ func (e *Env) reset() string {
 // consumers have seen), a second refusal once the WAL moved on, the reset,
 // 200 more events; every event written after the rewind is processed by the
 // consumer under the new origin.
-func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *Env)) {
+func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup, target string, e *e2e.Env)) {
 	rewindCaseWith(t, kind, rewindSetup{snapshot: basebackup}, do)
 }
 
@@ -193,11 +194,11 @@ func rewindCase(t *testing.T, kind string, do func(srv *testenv.PGServer, backup
 // instead of a base backup (its result is do's backup).
 type rewindSetup struct {
 	version  string
-	before   func(e *Env)
+	before   func(e *e2e.Env)
 	snapshot func(*testing.T, *testenv.PGServer) string
 }
 
-func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *testenv.PGServer, backup, target string, e *Env)) {
+func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *testenv.PGServer, backup, target string, e *e2e.Env)) {
 	var srv *testenv.PGServer
 	if rs.version == "" {
 		srv = testenv.StartPostgres(t)
@@ -213,11 +214,11 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 	e.Exec(`ALTER SYSTEM SET wal_keep_size = '1GB'`) // the old WAL serves as a PITR archive
 	e.Exec(`SELECT pg_reload_conf()`)
 	d := e.Start()
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	backup := rs.snapshot(t, srv)
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 100, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 100, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	var target string // a point-in-time recovery target: 100 events past the backup
@@ -228,28 +229,28 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 		}
 		c.Close(ctx)
 	}
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 400, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 400, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	if v, n := e.Delivered(time.Minute); v.Lost != 0 {
 		t.Fatalf("before the rewind: %d rows: %s", n, v)
 	}
-	before := e.ids("")
+	before := idsWhere(e, "")
 	d.Stop()
 	do(srv, backup, target, e)
-	restored := e.ids("")
+	restored := idsWhere(e, "")
 	start := time.Now()
-	msg := e.refuses(kind)
+	msg := refuses(e, kind)
 	t.Logf("%s: %d of %d rows left after the rewind; refused in %s: %s", kind, len(restored), len(before),
 		time.Since(start).Round(time.Millisecond), lineWith(msg, "went back in time"))
 
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	e.Exec(`SELECT pg_switch_wal()`) // the WAL moves past the checkpoint again
 	e.Exec(`CREATE TABLE churn AS SELECT generate_series(1, 1000) AS x`)
-	e.refuses(kind)
-	out := e.reset()
+	refuses(e, kind)
+	out := resetSlot(e)
 	t.Logf("reset: %s", lineWith(out, "checkpoint reset:"))
 	if want := fmt.Sprintf("moved past outbox id %d", before[len(before)-1]); !strings.Contains(out, want) {
 		t.Fatalf("reset does not say %q:\n%s", want, out)
@@ -257,20 +258,20 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 	// outboxd replay republishes what the restored table holds since the
 	// rewind, under the new origin, whatever the old checkpoint said.
 	from := restored[len(restored)-1] + 1
-	code, rout := testproc.Run(t, 90*time.Second, BinPath, append([]string{"replay"}, e.Args("--from-id", fmt.Sprint(from))[1:]...)...)
+	code, rout := testproc.Run(t, 90*time.Second, e2e.BinPath, append([]string{"replay"}, e.Args("--from-id", fmt.Sprint(from))[1:]...)...)
 	if code != 0 || !strings.Contains(rout, "replay: 200 rows published again") {
 		t.Fatalf("outboxd replay --from-id %d after the reset: exit %d, want 200 rows:\n%s", from, code, rout)
 	}
 	d = e.Start()
 	defer d.Stop()
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
-	after := e.ids(fmt.Sprintf("WHERE id > %d OR id NOT IN (SELECT unnest('%s'::bigint[]))", before[len(before)-1], pgArray(restored)))
+	after := idsWhere(e, fmt.Sprintf("WHERE id > %d OR id NOT IN (SELECT unnest('%s'::bigint[]))", before[len(before)-1], pgArray(restored)))
 	if missing := rec.processed(t, after, "/1", time.Minute); len(missing) > 0 {
-		t.Fatalf("%d of the %d events written after the rewind not processed by the consumer: %s", len(missing), len(after), Ranges(missing))
+		t.Fatalf("%d of the %d events written after the rewind not processed by the consumer: %s", len(missing), len(after), e2e.Ranges(missing))
 	}
-	waitFor(t, time.Minute, func() bool { return rec.c.Stats().Duplicates >= 200 }) // the stream's copies of the replayed rows
+	e2e.WaitFor(t, time.Minute, func() bool { return rec.c.Stats().Duplicates >= 200 }) // the stream's copies of the replayed rows
 	st := rec.c.Stats()
 	t.Logf("%s: %d events written after the rewind, all processed under generation 1; consumer totals: processed %d, duplicates %d (the 200 replayed rows, streamed again), in %s",
 		kind, len(after), st.Processed, st.Duplicates, time.Since(start).Round(time.Millisecond))
@@ -302,7 +303,7 @@ func lineWith(out, s string) string {
 // (a) The restore of a pg_basebackup on the same timeline.
 func TestRestoreFromBaseBackupRefusesThenResetDeliversEverything(t *testing.T) {
 	t.Parallel()
-	rewindCase(t, "restored from a backup", func(srv *testenv.PGServer, backup, _ string, e *Env) {
+	rewindCase(t, "restored from a backup", func(srv *testenv.PGServer, backup, _ string, e *e2e.Env) {
 		restore(t, srv, backup, "")
 		srv.Start()
 	})
@@ -312,11 +313,11 @@ func TestRestoreFromBaseBackupRefusesThenResetDeliversEverything(t *testing.T) {
 // timeline that left the checkpoint's before its position.
 func TestPITRBeforeCheckpointRefusesThenResetDeliversEverything(t *testing.T) {
 	t.Parallel()
-	rewindCase(t, "history forked", func(srv *testenv.PGServer, backup, target string, e *Env) {
+	rewindCase(t, "history forked", func(srv *testenv.PGServer, backup, target string, e *e2e.Env) {
 		restore(t, srv, backup, fmt.Sprintf("\nrestore_command = 'cp %s/%%f %%p'\nrecovery_target_lsn = '%s'\nrecovery_target_action = 'promote'\n",
 			filepath.Join(srv.Dir, "data.old", "pg_wal"), target))
 		srv.Start()
-		waitFor(t, time.Minute, func() bool { // promoted: writable
+		e2e.WaitFor(t, time.Minute, func() bool { // promoted: writable
 			c := e.Conn()
 			defer c.Close(context.Background())
 			var rec bool
@@ -334,7 +335,7 @@ func TestFailoverSlotWithoutSynchronizedStandbySlotsRefusesThenReset(t *testing.
 	t.Parallel()
 	var standby *testenv.PGServer
 	rewindCaseWith(t, "history forked", rewindSetup{version: "17",
-		before: func(e *Env) { // outboxd's slot as a failover slot
+		before: func(e *e2e.Env) { // outboxd's slot as a failover slot
 			e.Exec(`CREATE PUBLICATION ` + pgx.Identifier{e.Slot}.Sanitize() + ` FOR TABLE outbox WITH (publish = 'insert')`)
 			e.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)`, e.Slot)
 		},
@@ -351,7 +352,7 @@ func TestFailoverSlotWithoutSynchronizedStandbySlotsRefusesThenReset(t *testing.
 				}
 			}
 			catchUp(t, srv, standby)
-			waitFor(t, 90*time.Second, func() bool { // the synced copy is ready
+			e2e.WaitFor(t, 90*time.Second, func() bool { // the synced copy is ready
 				s, err := pgx.Connect(context.Background(), standby.DSN)
 				if err != nil {
 					return false
@@ -371,33 +372,33 @@ FROM pg_replication_slots WHERE slot_name LIKE 'slot%'`).Scan(&ready) == nil && 
 // outbox's event of the same id.
 func TestTwoOutboxesOneConsumerProcessEveryEventOnce(t *testing.T) {
 	t.Parallel()
-	a := NewEnv(t, 3)
-	b := &Env{T: t, DSN: testenv.Postgres(t).DSN, Brokers: a.Brokers, Topic: a.Topic, Slot: testenv.UniqueName("slot")}
+	a := e2e.NewEnv(t, 3)
+	b := &e2e.Env{T: t, DSN: testenv.Postgres(t).DSN, Brokers: a.Brokers, Topic: a.Topic, Slot: testenv.UniqueName("slot")}
 	b.Migrate()
 	rec := startRecorder(t, a.Brokers, a.Topic)
 	ctx := context.Background()
 	start := time.Now()
-	for _, e := range []*Env{a, b} {
+	for _, e := range []*e2e.Env{a, b} {
 		d := e.Start()
 		defer d.Stop()
 	}
 	var wg sync.WaitGroup
-	for _, e := range []*Env{a, b} {
+	for _, e := range []*e2e.Env{a, b} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
+			if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 				t.Error(err)
 			}
 		}()
 	}
 	wg.Wait()
-	ids := a.ids("")
-	if !slices.Equal(ids, b.ids("")) {
+	ids := idsWhere(a, "")
+	if !slices.Equal(ids, idsWhere(b, "")) {
 		t.Fatalf("the two outboxes should hold the same ids")
 	}
 	var n, origins int
-	waitFor(t, time.Minute, func() bool {
+	e2e.WaitFor(t, time.Minute, func() bool {
 		err := rec.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT origin) FROM effects`).Scan(&n, &origins)
 		return err == nil && n >= 2*len(ids)
 	})
@@ -437,7 +438,7 @@ func catchUp(t *testing.T, srv, standby *testenv.PGServer) {
 	if err := c.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&at); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, func() bool {
+	e2e.WaitFor(t, time.Minute, func() bool {
 		s, err := pgx.Connect(context.Background(), standby.DSN)
 		if err != nil {
 			return false
@@ -450,8 +451,8 @@ func catchUp(t *testing.T, srv, standby *testenv.PGServer) {
 
 // promote stops the primary, starts the standby, promotes it and points e at
 // it.
-func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServer, _, _ string, e *Env) {
-	return func(srv *testenv.PGServer, _, _ string, e *Env) {
+func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServer, _, _ string, e *e2e.Env) {
+	return func(srv *testenv.PGServer, _, _ string, e *e2e.Env) {
 		standby := *standbyp
 		srv.Stop("fast")
 		standby.Start()
@@ -461,7 +462,7 @@ func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServ
 		}
 		e.DSN = withDatabase(t, standby.DSN, strings.TrimPrefix(u.Path, "/"))
 		e.Exec(`SELECT pg_promote()`)
-		waitFor(t, time.Minute, func() bool {
+		e2e.WaitFor(t, time.Minute, func() bool {
 			c := e.Conn()
 			defer c.Close(context.Background())
 			var rec bool

@@ -9,21 +9,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
-
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
 func TestRunPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 6)
+	e := e2e.NewEnv(t, 6)
 	d := e.Start()
-	if err := e.Write(context.Background(), Load{Writers: 4, Aggregates: 200, Total: 10000, MaxTxn: 500}); err != nil {
+	if err := e.Write(context.Background(), e2e.Load{Writers: 4, Aggregates: 200, Total: 10000, MaxTxn: 500}); err != nil {
 		t.Fatal(err)
 	}
 	v, _ := e.Delivered(2 * time.Minute)
 	t.Logf("clean run, 10000 events: %s", v)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("clean run: %s, want all zero", v)
 	}
 	d.Stop()
@@ -31,13 +30,13 @@ func TestRunPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 
 func TestRunCleanStopAndRestartLosesAndDuplicatesNothing(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	d := e.Start()
 	ctx := context.Background()
 	writeDone := make(chan error, 1)
 	go func() {
 		// Big transactions, so the stop likely falls inside one.
-		writeDone <- e.Write(ctx, Load{Writers: 2, Aggregates: 50, Total: 8000, MaxTxn: 300, Pause: 20 * time.Millisecond})
+		writeDone <- e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 50, Total: 8000, MaxTxn: 300, Pause: 20 * time.Millisecond})
 	}()
 	time.Sleep(1500 * time.Millisecond)
 	d.Stop() // mid-stream
@@ -50,7 +49,7 @@ func TestRunCleanStopAndRestartLosesAndDuplicatesNothing(t *testing.T) {
 	if n := strings.Count(d.Out.String(), "restarting pipeline"); n > 0 {
 		t.Logf("the second instance restarted its pipeline %d times (duplicates are then expected)", n)
 	}
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("after a clean restart: %s, want all zero", v)
 	}
 	d.Stop()
@@ -58,7 +57,7 @@ func TestRunCleanStopAndRestartLosesAndDuplicatesNothing(t *testing.T) {
 
 func TestRunKill9FiveTimesLosesNothing(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	writeDone := make(chan error, 1)
@@ -66,7 +65,7 @@ func TestRunKill9FiveTimesLosesNothing(t *testing.T) {
 		d := e.Start()
 		if i == 0 { // the first start creates the slot: rows before it are not in it
 			go func() {
-				writeDone <- e.Write(ctx, Load{Writers: 2, Aggregates: 60, Total: 6000, MaxTxn: 30, Pause: 3 * time.Millisecond})
+				writeDone <- e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 60, Total: 6000, MaxTxn: 30, Pause: 3 * time.Millisecond})
 			}()
 		}
 		time.Sleep(time.Duration(500+rand.IntN(1000)) * time.Millisecond)
@@ -88,15 +87,15 @@ func TestRunSurvivesKafkaOutage(t *testing.T) {
 	t.Parallel()
 	ks := testenv.StartKafka(t)
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("outage"), Slot: testenv.UniqueName("slot")}
-	createTopic(t, ks.Brokers, e.Topic, 3)
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: ks.Brokers, Topic: testenv.UniqueName("outage"), Slot: testenv.UniqueName("slot")}
+	e2e.CreateTopic(t, ks.Brokers, e.Topic, 3)
 	e.Migrate()
 	d := e.Start()
 	ctx := context.Background()
 	writeDone := make(chan error, 1)
 	go func() {
 		// ~40 s of writes: before, during and after the outage.
-		writeDone <- e.Write(ctx, Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 10, Pause: 70 * time.Millisecond})
+		writeDone <- e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 10, Pause: 70 * time.Millisecond})
 	}()
 	time.Sleep(3 * time.Second)
 	ks.Stop()
@@ -128,15 +127,15 @@ func TestRunSurvivesPostgresRestart(t *testing.T) {
 	t.Parallel()
 	ps := testenv.StartPostgres(t)
 	k := testenv.Kafka(t)
-	e := &Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "pgrestart", 3), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "pgrestart", 3), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	d := e.Start()
 	ctx := context.Background()
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 100}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 100}); err != nil {
 		t.Fatal(err)
 	}
 	ps.Restart("fast") // under load: outboxd is still publishing the backlog
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 40, Total: 2000, MaxTxn: 100}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 40, Total: 2000, MaxTxn: 100}); err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(2 * time.Minute)
@@ -149,7 +148,7 @@ func TestRunSurvivesPostgresRestart(t *testing.T) {
 
 func TestRunIdleOutboxDoesNotPinWAL(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	d := e.Start()
 	e.Exec(`CREATE TABLE filler (id bigserial primary key, pad text)`)
 	c := e.Conn()
@@ -214,21 +213,21 @@ func TestRunIdleOutboxDoesNotPinWAL(t *testing.T) {
 
 func TestRunStandbyTakesOverWhenActiveIsKilled(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	a := e.Start()
 	// An hour between the standby's tries: it takes over because it sees
 	// the slot released (slot.AwaitRelease), not because a poll came round.
-	b := StartDaemon(t, append(e.Args(), "--standby-poll-interval", "1h")...)
+	b := e2e.StartDaemon(t, append(e.Args(), "--standby-poll-interval", "1h")...)
 	b.WaitLog("standby: another process holds the slot", 30*time.Second)
 	ctx := context.Background()
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
 	a.Kill9()
 	b.WaitLog("taking over: the slot is free", 15*time.Second) // (not "streaming": the standby's log has it already)
 	took := time.Since(killed)
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(2 * time.Minute)
@@ -244,7 +243,7 @@ func TestRunStandbyTakesOverWhenActiveIsKilled(t *testing.T) {
 
 func TestRunPublishesOneHugeTransaction(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 6)
+	e := e2e.NewEnv(t, 6)
 	d := e.Start()
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
 		SELECT 'agg-' || (g % 1000), $1, jsonb_build_object('n', g, 'pad', repeat('y', 100))
@@ -252,49 +251,17 @@ func TestRunPublishesOneHugeTransaction(t *testing.T) {
 	v, _ := e.Delivered(4 * time.Minute)
 	rss := d.PeakRSS()
 	t.Logf("one transaction of 200000 rows: %s; outboxd peak RSS %d MiB", v, rss>>20)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("huge transaction: %s", v)
 	}
 	d.Stop()
-}
-
-// createTopic creates a topic on a private cluster.
-func createTopic(t testing.TB, brokers []string, name string, partitions int32) {
-	t.Helper()
-	cfg := sarama.NewConfig()
-	cfg.Version = sarama.V4_1_0_0
-	admin, err := sarama.NewClusterAdmin(brokers, cfg)
-	if err != nil {
-		t.Fatalf("admin: %v", err)
-	}
-	defer admin.Close()
-	if err := admin.CreateTopic(name, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
-		t.Fatalf("create topic: %v", err)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		md, err := admin.DescribeTopics([]string{name})
-		if err == nil && len(md) == 1 && md[0].Err == sarama.ErrNoError && len(md[0].Partitions) == int(partitions) {
-			ok := true
-			for _, p := range md[0].Partitions {
-				ok = ok && p.Leader >= 0
-			}
-			if ok {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("topic %s has no leaders", name)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 func TestRunKeepsStatusUpdatesFlowingWhileBackpressured(t *testing.T) {
 	t.Parallel()
 	ps := testenv.StartPostgres(t)
 	k := testenv.Kafka(t)
-	e := &Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "backpressure", 1), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: ps.DSN, Brokers: k.Brokers, Topic: k.Topic(t, "backpressure", 1), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	e.Exec(`ALTER SYSTEM SET wal_sender_timeout = '2s'`)
 	e.Exec(`SELECT pg_reload_conf()`)
@@ -307,7 +274,7 @@ func TestRunKeepsStatusUpdatesFlowingWhileBackpressured(t *testing.T) {
 	v, _ := e.Delivered(2 * time.Minute)
 	pglog, _ := os.ReadFile(filepath.Join(ps.Dir, "postgres.log"))
 	t.Logf("backpressured 2000 events behind a 3 s linger: %s", v)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("backpressured run: %s", v)
 	}
 	if strings.Contains(string(pglog), "replication timeout") {
@@ -321,7 +288,7 @@ func TestRunKeepsStatusUpdatesFlowingWhileBackpressured(t *testing.T) {
 
 func TestRunStopInsideATransactionFinishesItFirst(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	// Slow acknowledgements and a small in-flight bound: the 2000-row
 	// transaction takes ~4 s to publish, so SIGTERM arrives inside it.
 	d := e.Start("--kafka-linger", "200ms", "--max-in-flight-events", "100")
@@ -332,7 +299,7 @@ func TestRunStopInsideATransactionFinishesItFirst(t *testing.T) {
 	d = e.Start()
 	v, _ := e.Delivered(time.Minute)
 	t.Logf("SIGTERM inside a 2000-row transaction: %s", v)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("stop inside a transaction: %s, want all zero (the transaction is finished, then confirmed)", v)
 	}
 	d.Stop()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
@@ -57,9 +58,9 @@ func TestRunKafkaSASL(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			pg := testenv.Postgres(t)
-			e := &Env{T: t, DSN: withPassword(t, pg.DSN, pgSecret), Brokers: c.brokers,
+			e := &e2e.Env{T: t, DSN: withPassword(t, pg.DSN, pgSecret), Brokers: c.brokers,
 				Topic: testenv.UniqueName("sasl"), Slot: testenv.UniqueName("slot")}
-			createTopic(t, ks.Brokers, e.Topic, 1) // over the PLAINTEXT listener
+			e2e.CreateTopic(t, ks.Brokers, e.Topic, 1) // over the PLAINTEXT listener
 			e.Migrate()
 
 			// The password from a file (mode 0600), the DSN secret on the
@@ -70,17 +71,17 @@ func TestRunKafkaSASL(t *testing.T) {
 			}
 			sasl := []string{"--kafka-sasl-mechanism", mech, "--kafka-sasl-username", ks.User,
 				"--kafka-sasl-password-file", pwFile, "--log-level", "debug"}
-			d, base := e.startWithMetrics(append(sasl, c.extra...)...)
+			d, base := e.StartWithMetrics(append(sasl, c.extra...)...)
 			d.WaitLog("streaming", 60*time.Second)
-			if err := e.Write(context.Background(), Load{Writers: 1, Aggregates: 10, Total: 200, MaxTxn: 10}); err != nil {
+			if err := e.Write(context.Background(), e2e.Load{Writers: 1, Aggregates: 10, Total: 200, MaxTxn: 10}); err != nil {
 				t.Fatal(err)
 			}
 			want := e.Rows()
-			v := Verify(t, want, Consume(t, ks.Brokers, e.Topic, want, time.Minute))
-			if v != (Verdict{}) {
+			v := e2e.Verify(t, want, e2e.Consume(t, ks.Brokers, e.Topic, want, time.Minute))
+			if v != (e2e.Verdict{}) {
 				t.Fatalf("over SASL %s: %s", mech, v)
 			}
-			_, metrics := get(t, base+"/metrics")
+			_, metrics := e2e.Get(t, base+"/metrics")
 			d.Stop()
 			t.Logf("%s: %d events published, %d lines of debug output", c.name, len(want), strings.Count(d.Out.String(), "\n"))
 			noSecrets(t, "outboxd output", d.Out.String(), ks.Password, pgSecret)
@@ -100,7 +101,7 @@ func TestRunKafkaSASL(t *testing.T) {
 	t.Run("TLS failures", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
-		e := &Env{T: t, DSN: pg.DSN, Brokers: ks.TLSBrokers, Slot: testenv.UniqueName("slot")}
+		e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: ks.TLSBrokers, Slot: testenv.UniqueName("slot")}
 		e.Migrate()
 		pw := []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + ks.Password}
 		sasl := []string{"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User}
@@ -117,8 +118,8 @@ func TestRunKafkaSASL(t *testing.T) {
 				"outboxd: Kafka: the broker refused the TLS handshake (does it require a client certificate? check --kafka-tls-cert-file and --kafka-tls-key-file): kafka: client has run out of available brokers to talk to: remote error: tls: bad certificate"},
 		} {
 			code, out := runEnv(t, pw, e.Args(append(sasl, c.args...)...)...)
-			if code != 1 || lastLine(out) != c.want {
-				t.Errorf("%s: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", c.name, code, lastLine(out), c.want)
+			if code != 1 || e2e.LastLine(out) != c.want {
+				t.Errorf("%s: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", c.name, code, e2e.LastLine(out), c.want)
 			}
 			noSecrets(t, c.name, out, ks.Password)
 		}
@@ -127,14 +128,14 @@ func TestRunKafkaSASL(t *testing.T) {
 	t.Run("wrong password", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
-		e := &Env{T: t, DSN: withPassword(t, pg.DSN, pgSecret), Brokers: ks.SASLBrokers, Slot: testenv.UniqueName("slot")}
+		e := &e2e.Env{T: t, DSN: withPassword(t, pg.DSN, pgSecret), Brokers: ks.SASLBrokers, Slot: testenv.UniqueName("slot")}
 		e.Migrate()
 		wrong := "wrong-" + testenv.UniqueName("pw")
 		args := e.Args("--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-username", ks.User, "--log-level", "debug")
 		code, out := runEnv(t, []string{"OUTBOXD_KAFKA_SASL_PASSWORD=" + wrong}, args...)
 		want := fmt.Sprintf(`outboxd: Kafka: SASL authentication as %q with SCRAM-SHA-512 failed (check --kafka-sasl-username, the password and --kafka-sasl-mechanism): kafka: client has run out of available brokers to talk to: kafka server: SASL Authentication failed: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512`, ks.User)
-		if code != 1 || lastLine(out) != want {
-			t.Fatalf("wrong password: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", code, lastLine(out), want)
+		if code != 1 || e2e.LastLine(out) != want {
+			t.Fatalf("wrong password: exit %d, last line:\n  %s\nwant exit 1 and:\n  %s", code, e2e.LastLine(out), want)
 		}
 		// One error: besides sarama's own debug lines, the failure is
 		// reported once, by the last line.
@@ -171,7 +172,7 @@ func psql(t *testing.T) string {
 
 func TestRunAsLeastPrivilegeRole(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	role := testenv.UniqueName("outboxd_role")
 	sqlFile := filepath.Join(testenv.RepoRoot(t), "deploy", "least-privilege.sql")
 	cmd := exec.Command(psql(t), "-X", "-q", "-d", e.DSN, "-v", "role="+role, "-v", "publication="+e.Slot, "-f", sqlFile)
@@ -195,12 +196,12 @@ func TestRunAsLeastPrivilegeRole(t *testing.T) {
 	e.DSN = strings.Replace(admin, "postgres://postgres@", "postgres://"+role+"@", 1)
 	d := e.Start() // creates the slot as the role
 	e.DSN = admin
-	if err := e.Write(context.Background(), Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
+	if err := e.Write(context.Background(), e2e.Load{Writers: 2, Aggregates: 20, Total: 1000, MaxTxn: 10}); err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(time.Minute)
 	t.Logf("as least-privilege role %s: %d events: %s", role, n, v)
-	if v != (Verdict{}) {
+	if v != (e2e.Verdict{}) {
 		t.Fatalf("as the least-privilege role: %s", v)
 	}
 	d.Stop()
@@ -220,7 +221,7 @@ func TestRunAsLeastPrivilegeRole(t *testing.T) {
 // returns its exit code and all its output.
 func runEnv(t *testing.T, extraEnv []string, args ...string) (int, string) {
 	t.Helper()
-	p := testproc.StartEnv(t, extraEnv, BinPath, args...)
+	p := testproc.StartEnv(t, extraEnv, e2e.BinPath, args...)
 	code := p.Wait(90 * time.Second)
 	return code, p.Output()
 }

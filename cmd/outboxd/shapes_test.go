@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -25,7 +26,7 @@ func headerPairs(m *sarama.ConsumerMessage) []string {
 
 // debeziumTable creates an outbox table of the Outbox Event Router's
 // documented shape and returns its name.
-func debeziumTable(e *Env) string {
+func debeziumTable(e *e2e.Env) string {
 	table := testenv.UniqueName("outboxevent")
 	e.Exec(fmt.Sprintf(`CREATE TABLE %q (
 		id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -49,13 +50,13 @@ type dbzRow struct {
 // string, value the payload text as a JSON string, one header: id=<uuid>.
 func TestRunDebeziumFormat(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	table := debeziumTable(e)
 	// Upper case survives: the router routes verbatim.
 	order, customer := "Order_"+table, "Customer_"+table
-	createTopic(t, k.Brokers, "outbox.event."+order, 3)
-	createTopic(t, k.Brokers, "outbox.event."+customer, 3)
+	e2e.CreateTopic(t, k.Brokers, "outbox.event."+order, 3)
+	e2e.CreateTopic(t, k.Brokers, "outbox.event."+customer, 3)
 
 	d := e.Start("--table", table, "--format", "debezium")
 	c := e.Conn()
@@ -140,10 +141,10 @@ func TestRunDebeziumFormat(t *testing.T) {
 // routes, and the timestamp comes from the row.
 func TestRunHeadersColumnAndMapping(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	kind := testenv.UniqueName("kind")
-	createTopic(t, k.Brokers, "events."+kind, 1)
+	e2e.CreateTopic(t, k.Brokers, "events."+kind, 1)
 	e.Exec(`ALTER TABLE outbox ADD COLUMN IF NOT EXISTS kind text`)
 	d := e.Start("--topic-template", "events.{kind}", "--header-column", "kind=eventKind", "--timestamp-column", "created_at")
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -182,7 +183,7 @@ func TestRunHeadersColumnAndMapping(t *testing.T) {
 // wrong type stops outboxd before it streams, with one line naming it.
 func TestRunMappedColumnPreflight(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	table := testenv.UniqueName("badshape")
 	e.Exec(fmt.Sprintf(`CREATE TABLE %q (id text PRIMARY KEY, aggregateid text, payload jsonb)`, table))
 	t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
@@ -202,11 +203,11 @@ func TestRunMappedColumnPreflight(t *testing.T) {
 // rows after that position: none lost, none replayed.
 func TestRunTakesOverDebeziumSlot(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	table := debeziumTable(e)
 	agg := "Order_" + table
-	createTopic(t, k.Brokers, "outbox.event."+agg, 1)
+	e2e.CreateTopic(t, k.Brokers, "outbox.event."+agg, 1)
 	dbzSlot, dbzPub := testenv.UniqueName("debezium"), testenv.UniqueName("dbz_publication")
 	e.Exec(fmt.Sprintf(`CREATE PUBLICATION %q FOR ALL TABLES`, dbzPub))
 	e.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, dbzSlot)
@@ -245,7 +246,7 @@ func TestRunTakesOverDebeziumSlot(t *testing.T) {
 // partition that were committed before the drop.
 func TestRunPartitionedOutbox(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	table := testenv.UniqueName("outbox_part")
 	e.Exec(fmt.Sprintf(`CREATE TABLE %[1]q (
 		id bigserial, aggregate_id text NOT NULL, topic text NOT NULL, payload jsonb NOT NULL,
@@ -291,16 +292,16 @@ func TestRunPartitionedOutbox(t *testing.T) {
 // Debezium's Outbox Event Router sends it, and the rows after it arrive.
 func TestRunDebeziumNullPayloadIsTombstone(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	k := testenv.Kafka(t)
 	table := debeziumTable(e)
 	typ := "Order_" + table
-	createTopic(t, k.Brokers, "outbox.event."+typ, 1)
+	e2e.CreateTopic(t, k.Brokers, "outbox.event."+typ, 1)
 	d := e.Start("--table", table, "--format", "debezium", "--header-column", "type=eventType")
 	c := e.Conn()
 	defer c.Close(context.Background())
 	var ids []string
-	for _, p := range []*string{ptr(`{"n": 1}`), nil, ptr(`{"n": 3}`)} {
+	for _, p := range []*string{e2e.Ptr(`{"n": 1}`), nil, e2e.Ptr(`{"n": 3}`)} {
 		var id string
 		if err := c.QueryRow(context.Background(), fmt.Sprintf(`INSERT INTO %q (aggregatetype, aggregateid, type, payload)
 			VALUES ($1, 'order-1', 'Deleted', $2::jsonb) RETURNING id::text`, table), typ, p).Scan(&id); err != nil {
@@ -314,10 +315,10 @@ func TestRunDebeziumNullPayloadIsTombstone(t *testing.T) {
 		t.Fatalf("%d records, want 3: the tombstone and the rows around it", len(got))
 	}
 	m := got[1]
-	if m.Value != nil || string(m.Key) != `"order-1"` || Header(m, "id") != ids[1] || Header(m, "eventType") != "Deleted" {
+	if m.Value != nil || string(m.Key) != `"order-1"` || e2e.Header(m, "id") != ids[1] || e2e.Header(m, "eventType") != "Deleted" {
 		t.Fatalf("NULL payload: key %s value %q headers %q, want key \"order-1\", a null value, id=%s and eventType=Deleted", m.Key, m.Value, headerPairs(m), ids[1])
 	}
-	if string(got[2].Value) != `"{\"n\": 3}"` || Header(got[2], "id") != ids[2] {
+	if string(got[2].Value) != `"{\"n\": 3}"` || e2e.Header(got[2], "id") != ids[2] {
 		t.Fatalf("row after the tombstone: value %s headers %q", got[2].Value, headerPairs(got[2]))
 	}
 }

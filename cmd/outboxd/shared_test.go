@@ -7,6 +7,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -23,17 +24,17 @@ func TestRunExactlyOnceIdlePastTransactionalIDExpiration(t *testing.T) {
 	})
 	k := &testenv.KafkaEnv{Brokers: srv.Brokers}
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: srv.Brokers, Topic: k.Topic(t, "idle", 1), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: srv.Brokers, Topic: k.Topic(t, "idle", 1), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	// No idle checkpoint commits: they would keep the transactional id alive.
-	args := eosArgs("--checkpoint-interval", "1h", "--kafka-delivery-timeout", "5s", "--kafka-txn-timeout", "10s")
+	args := e2e.EOSArgs("--checkpoint-interval", "1h", "--kafka-delivery-timeout", "5s", "--kafka-txn-timeout", "10s")
 	d := e.Start(args...)
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 1}')`, e.Topic)
 	if v, n := e.Delivered(time.Minute); n != 1 || v.Lost != 0 || v.Duplicated != 0 {
 		t.Fatalf("first event: %s", v)
 	}
 	idle := time.Now()
-	waitFor(t, 2*time.Minute, func() bool { return !hasTransactions(t, srv.Brokers) })
+	e2e.WaitFor(t, 2*time.Minute, func() bool { return !hasTransactions(t, srv.Brokers) })
 	t.Logf("transactional id forgotten after %s idle", time.Since(idle).Round(time.Second))
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) VALUES ('agg-1', $1, '{"n": 2}')`, e.Topic)
 	v, n := e.Delivered(time.Minute)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -44,8 +45,8 @@ func TestSharedCluster(t *testing.T) {
 // slot and topic, its process, its load.
 type deployment struct {
 	name   string
-	e      *Env
-	d      *Daemon
+	e      *e2e.Env
+	d      *e2e.Daemon
 	args   []string
 	writes <-chan error
 	// restartTimes are how long each restart took to be ready to publish
@@ -69,12 +70,12 @@ func (dp *deployment) start() {
 // it fails at once, with outboxd's last lines, if outboxd exited.
 func (dp *deployment) publishes(t *testing.T, n int64) {
 	t.Helper()
-	base := endOffsets(dp.e.Brokers, dp.e.Topic)
-	waitFor(t, time.Minute, func() bool {
+	base := e2e.EndOffsets(dp.e.Brokers, dp.e.Topic)
+	e2e.WaitFor(t, time.Minute, func() bool {
 		if dp.d.Exited() {
 			t.Fatalf("%s: outboxd exited (%d):\n%s", dp.name, dp.d.Code, dp.d.P.Tail(10))
 		}
-		return endOffsets(dp.e.Brokers, dp.e.Topic) >= base+n
+		return e2e.EndOffsets(dp.e.Brokers, dp.e.Topic) >= base+n
 	})
 }
 
@@ -99,7 +100,7 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 	ds := make([]*deployment, 5)
 	for i := range ds {
 		pg := testenv.Postgres(t)
-		e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, fmt.Sprintf("shared%d", i), 3),
+		e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, fmt.Sprintf("shared%d", i), 3),
 			Slot: testenv.UniqueName("slot")}
 		e.Migrate()
 		// The default checkpoint topic: shared by all five.
@@ -108,12 +109,12 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 	// The five first starts at once (each creates its slot, one the
 	// checkpoint topic): one after another they took five start-ups.
 	for _, dp := range ds {
-		dp.d = StartDaemon(t, dp.e.Args(dp.args...)...)
+		dp.d = e2e.StartDaemon(t, dp.e.Args(dp.args...)...)
 	}
 	for _, dp := range ds {
 		dp.d.WaitLog("streaming", 60*time.Second)
 		dp.d.WaitLog("checkpoint read", time.Minute)
-		dp.writes = dp.e.steady(ctx, 50)
+		dp.writes = dp.e.Steady(ctx, 50)
 	}
 	for _, dp := range ds {
 		dp.publishes(t, 50)
@@ -187,7 +188,7 @@ func fiveDeployments(t *testing.T, c *testenv.KafkaCluster) {
 		dp.alive()
 		v, n := dp.e.Delivered(3 * time.Minute)
 		out := dp.d.Out.String()
-		restarts := dp.d.restarts()
+		restarts := dp.d.Restarts()
 		times := make([]string, len(dp.restartTimes))
 		for i, d := range dp.restartTimes {
 			times[i] = d.Round(10 * time.Millisecond).String()
@@ -357,17 +358,17 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 	coordinator := pc.coordinator
 	began := time.Now()
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "txnleader", 3), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "txnleader", 3), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	probeTopic := c.CreateTopic(t, "probe", 1)
 	txnTimeout := pc.txn
-	d := e.Start(eosArgs("--kafka-delivery-timeout", pc.delivery.String(), "--kafka-txn-timeout", txnTimeout.String())...)
+	d := e.Start(e2e.EOSArgs("--kafka-delivery-timeout", pc.delivery.String(), "--kafka-txn-timeout", txnTimeout.String())...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := e.steady(ctx, 100)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 200 })
+	writes := e.Steady(ctx, 100)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= 200 })
 	var coord int
-	waitFor(t, 30*time.Second, func() bool { coord = coordinatorOf(t, c); return coord >= 0 })
+	e2e.WaitFor(t, 30*time.Second, func() bool { coord = coordinatorOf(t, c); return coord >= 0 })
 	victim, leads := -1, false
 	for p := range int32(3) {
 		l := c.LeaderOf(e.Topic, p)
@@ -403,16 +404,16 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 	resumed := time.Now()
 	paused = false
 	c.WaitInSync(e.Topic)
-	accepted, published := recovery(t, e.Brokers, e.Topic, probeTopic, 2*time.Minute)
+	accepted, published := e2e.Recovery(t, e.Brokers, e.Topic, probeTopic, 2*time.Minute)
 	// A few more seconds of load: no restart loop after recovery.
 	restartsAfter := 0
-	for _, n := range d.restarts() {
+	for _, n := range d.Restarts() {
 		restartsAfter += n
 	}
-	base := endOffsets(e.Brokers, e.Topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > base+300 })
+	base := e2e.EndOffsets(e.Brokers, e.Topic)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > base+300 })
 	restartsLater := 0
-	for _, n := range d.restarts() {
+	for _, n := range d.Restarts() {
 		restartsLater += n
 	}
 	cancel()
@@ -430,7 +431,7 @@ func leaderPausedPastTxnTimeout(t *testing.T, c *testenv.KafkaCluster, pc pauseC
 		"resume → Kafka accepts %s, → outboxd publishes %s; restarts %v (%d after recovery); "+
 		"txn timeouts in the log %d; %s in all",
 		victim, coord, pc.pause, txnTimeout, pc.delivery, n, v, accepted.Sub(resumed).Round(time.Millisecond), published.Sub(accepted).Round(time.Millisecond),
-		d.restarts(), restartsLater-restartsAfter, strings.Count(out, "--kafka-txn-timeout"), time.Since(began).Round(time.Second))
+		d.Restarts(), restartsLater-restartsAfter, strings.Count(out, "--kafka-txn-timeout"), time.Since(began).Round(time.Second))
 	if v.Lost != 0 || v.Duplicated != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Errorf("%s", v)
 	}

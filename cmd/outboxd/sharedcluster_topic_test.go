@@ -16,6 +16,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -29,15 +30,15 @@ import (
 func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 	began := time.Now()
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "deleted", 6), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "deleted", 6), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	args := []string{"--kafka-unknown-topic-timeout", "3s"}
 	d := e.Start(args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := e.steady(ctx, 200)
+	writes := e.Steady(ctx, 200)
 	old := recordIDs(t, c.Brokers(), e.Topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 600 })
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= 600 })
 	deletedAt := deleteWhileFrozen(t, c, e, d, old)
 	code := d.Wait(2 * time.Minute)
 	halted := time.Since(deletedAt)
@@ -52,26 +53,26 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 	recreateTopic(t, c, e.Topic, 6)
 	restarted := time.Now()
 	d = e.Start(args...)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 0 })
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > 0 })
 	resumed := time.Since(restarted)
-	base := endOffsets(e.Brokers, e.Topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > base+200 })
+	base := e2e.EndOffsets(e.Brokers, e.Topic)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > base+200 })
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
 	}
 	want := e.Rows()
-	fresh := map[int64]Row{}
+	fresh := map[int64]e2e.Row{}
 	for id, r := range want {
 		if !oldIDs[id] {
 			fresh[id] = r
 		}
 	}
-	got := Consume(t, e.Brokers, e.Topic, fresh, 3*time.Minute)
-	v := Verify(t, want, got) // lost counts the rows only in the old topic
+	got := e2e.Consume(t, e.Brokers, e.Topic, fresh, 3*time.Minute)
+	v := e2e.Verify(t, want, got) // lost counts the rows only in the old topic
 	inNew := map[int64]bool{}
 	for _, m := range got {
-		if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
+		if id, err := strconv.ParseInt(e2e.Header(m, "outbox-id"), 10, 64); err == nil {
 			inNew[id] = true
 		}
 	}
@@ -85,7 +86,7 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 		"%d rows: %d in the old topic, %d in the new one (%d sent again after the halt), lost %d, new topic %s; %s in all",
 		len(oldIDs), halted.Round(time.Millisecond), code, resumed.Round(time.Millisecond),
 		len(want), len(oldIDs), len(inNew), len(inNew)+len(oldIDs)-len(want), lost, v, time.Since(began).Round(time.Second))
-	t.Logf("the halt: %s", lastLine(out))
+	t.Logf("the halt: %s", e2e.LastLine(out))
 	if lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || v.Duplicated != 0 {
 		t.Errorf("lost %d, new topic %s", lost, v)
 	}
@@ -100,13 +101,13 @@ func topicDeletedUnderLoad(t *testing.T, c *testenv.KafkaCluster) {
 // knows every record the delete takes away; outboxd wakes up with events
 // to publish and records in flight, and the load goes on. It returns when
 // the delete was made.
-func deleteWhileFrozen(t *testing.T, c *testenv.KafkaCluster, e *Env, d *Daemon, old *idRecorder) time.Time {
+func deleteWhileFrozen(t *testing.T, c *testenv.KafkaCluster, e *e2e.Env, d *e2e.Daemon, old *idRecorder) time.Time {
 	t.Helper()
 	_ = syscall.Kill(d.PID(), syscall.SIGSTOP)
 	defer func() { _ = syscall.Kill(d.PID(), syscall.SIGCONT) }()
 	last := int64(-1)
-	waitFor(t, time.Minute, func() bool {
-		n := endOffsets(e.Brokers, e.Topic)
+	e2e.WaitFor(t, time.Minute, func() bool {
+		n := e2e.EndOffsets(e.Brokers, e.Topic)
 		caught := n == last && old.read() >= n
 		last = n
 		return caught
@@ -134,7 +135,7 @@ func recreateTopic(t *testing.T, c *testenv.KafkaCluster, topic string, partitio
 	deadline := time.Now().Add(time.Minute)
 	for {
 		err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 3,
-			ConfigEntries: map[string]*string{"min.insync.replicas": ptr("2")}}, false)
+			ConfigEntries: map[string]*string{"min.insync.replicas": e2e.Ptr("2")}}, false)
 		if err == nil {
 			break
 		}
@@ -154,35 +155,35 @@ func recreateTopic(t *testing.T, c *testenv.KafkaCluster, topic string, partitio
 func topicDeletedDeadLettered(t *testing.T, c *testenv.KafkaCluster) {
 	began := time.Now()
 	pg := testenv.Postgres(t)
-	e := &Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "deleteddlq", 6), Slot: testenv.UniqueName("slot")}
+	e := &e2e.Env{T: t, DSN: pg.DSN, Brokers: c.Brokers(), Topic: c.CreateTopic(t, "deleteddlq", 6), Slot: testenv.UniqueName("slot")}
 	e.Migrate()
 	dlq := c.CreateTopic(t, "dlq", 1)
 	d := e.Start("--kafka-unknown-topic-timeout", "3s", "--dead-letter-topic", dlq)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	writes := e.steady(ctx, 200)
+	writes := e.Steady(ctx, 200)
 	old := recordIDs(t, c.Brokers(), e.Topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 600 })
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= 600 })
 	deletedAt := deleteWhileFrozen(t, c, e, d, old)
-	waitFor(t, time.Minute, func() bool {
+	e2e.WaitFor(t, time.Minute, func() bool {
 		if d.Exited() {
 			t.Fatalf("outboxd exited (%d) after the delete:\n%s", d.Code, d.P.Tail(20))
 		}
-		return endOffsets(e.Brokers, dlq) > 0
+		return e2e.EndOffsets(e.Brokers, dlq) > 0
 	})
 	firstDead := time.Since(deletedAt)
 	oldIDs := old.stop()
 	recreateTopic(t, c, e.Topic, 6)
 	recreated := time.Now()
-	waitFor(t, time.Minute, func() bool {
+	e2e.WaitFor(t, time.Minute, func() bool {
 		if d.Exited() {
 			t.Fatalf("outboxd exited (%d) after the topic was recreated:\n%s", d.Code, d.P.Tail(20))
 		}
-		return endOffsets(e.Brokers, e.Topic) > 0
+		return e2e.EndOffsets(e.Brokers, e.Topic) > 0
 	})
 	resumed := time.Since(recreated)
-	base := endOffsets(e.Brokers, e.Topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > base+200 })
+	base := e2e.EndOffsets(e.Brokers, e.Topic)
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > base+200 })
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)
@@ -191,25 +192,25 @@ func topicDeletedDeadLettered(t *testing.T, c *testenv.KafkaCluster) {
 	// Records stop being dead-lettered once the topic is back: the
 	// dead-letter topic is complete by now.
 	dead := map[int64]bool{}
-	fresh := map[int64]Row{}
+	fresh := map[int64]e2e.Row{}
 	for id, r := range want {
 		if !oldIDs[id] {
 			fresh[id] = r
 		}
 	}
 	inNew := map[int64]bool{}
-	for _, m := range Consume(t, e.Brokers, dlq, map[int64]Row{}, time.Minute) {
-		if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
+	for _, m := range e2e.Consume(t, e.Brokers, dlq, map[int64]e2e.Row{}, time.Minute) {
+		if id, err := strconv.ParseInt(e2e.Header(m, "outbox-id"), 10, 64); err == nil {
 			dead[id] = true
 		}
 	}
 	for id := range dead {
 		delete(fresh, id)
 	}
-	got := Consume(t, e.Brokers, e.Topic, fresh, 3*time.Minute)
+	got := e2e.Consume(t, e.Brokers, e.Topic, fresh, 3*time.Minute)
 	twice := 0
 	for _, m := range got {
-		if id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64); err == nil {
+		if id, err := strconv.ParseInt(e2e.Header(m, "outbox-id"), 10, 64); err == nil {
 			if inNew[id] || oldIDs[id] || dead[id] {
 				twice++
 			}
@@ -224,7 +225,7 @@ func topicDeletedDeadLettered(t *testing.T, c *testenv.KafkaCluster) {
 	}
 	t.Logf("topic deleted after %d records read from it, with a dead-letter topic: first dead letter %s after the delete; "+
 		"recreated → first record in it %s, no restart (restarts %v); %d rows: %d in the old topic, %d dead-lettered, %d in the new one, "+
-		"lost %d, twice %d; %s in all", len(oldIDs), firstDead.Round(time.Millisecond), resumed.Round(time.Millisecond), d.restarts(),
+		"lost %d, twice %d; %s in all", len(oldIDs), firstDead.Round(time.Millisecond), resumed.Round(time.Millisecond), d.Restarts(),
 		len(want), len(oldIDs), len(dead), len(inNew), lost, twice, time.Since(began).Round(time.Second))
 	if lost != 0 || twice != 0 {
 		t.Errorf("lost %d, twice %d", lost, twice)
@@ -277,7 +278,7 @@ func recordIDs(t *testing.T, brokers []string, topic string) *idRecorder {
 		go func() {
 			defer r.wg.Done()
 			for m := range pc.Messages() {
-				id, err := strconv.ParseInt(Header(m, "outbox-id"), 10, 64)
+				id, err := strconv.ParseInt(e2e.Header(m, "outbox-id"), 10, 64)
 				r.mu.Lock()
 				r.n++
 				if err == nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -19,31 +20,31 @@ import (
 // dedup by outbox-id), in per-key order.
 func TestRunSlotDroppedRefusesThenReplayRecovers(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	d := e.Start()
 	ctx := context.Background()
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 500, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 500, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	e.Delivered(time.Minute)
 	d.Stop()
 	stoppedAt := time.Now().UTC().Add(-time.Second)
 	// While outboxd is stopped: new events, and someone drops the slot.
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	e.Exec(`SELECT pg_drop_replication_slot($1)`, e.Slot)
 
-	refused := StartDaemon(t, e.Args()...)
+	refused := e2e.StartDaemon(t, e.Args()...)
 	if code := refused.Wait(60 * time.Second); code == 0 || !strings.Contains(refused.Out.String(), "gap between the checkpoint and the slot") {
 		t.Fatalf("run after the slot was dropped: exit %d\n%s\nwant a refusal naming the gap", code, refused.Out.String())
 	}
 	args := e.Args("--since", stoppedAt.Format(time.RFC3339), "--resume")
 	args[0] = "replay"
-	r := StartDaemon(t, args...)
+	r := e2e.StartDaemon(t, args...)
 	r.WaitLog("rows published again", 60*time.Second)
 	r.WaitLog("streaming", 60*time.Second)
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(2 * time.Minute)
@@ -64,20 +65,20 @@ func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 	e, _ := serverEnv(t, srv, 3)
 	d := e.Start()
 	ctx := context.Background()
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	e.Delivered(time.Minute)
 	d.Stop()
 	stoppedAt := time.Now().UTC().Add(-time.Second)
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 200, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	// Other tables churn WAL past max_slot_wal_keep_size: the slot is lost.
 	e.Exec(`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`)
 	e.Exec(`SELECT pg_reload_conf()`)
 	e.Exec(`CREATE TABLE churn (x text)`)
-	waitFor(t, 2*time.Minute, func() bool {
+	e2e.WaitFor(t, 2*time.Minute, func() bool {
 		e.Exec(`INSERT INTO churn SELECT repeat('x', 1000) FROM generate_series(1, 20000)`)
 		e.Exec(`SELECT pg_switch_wal()`)
 		e.Exec(`CHECKPOINT`)
@@ -90,17 +91,17 @@ func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 	e.Exec(`ALTER SYSTEM RESET max_slot_wal_keep_size`)
 	e.Exec(`SELECT pg_reload_conf()`)
 
-	refused := StartDaemon(t, e.Args()...)
+	refused := e2e.StartDaemon(t, e.Args()...)
 	if code := refused.Wait(60 * time.Second); code == 0 || !strings.Contains(refused.Out.String(), "lost WAL it needed") {
 		t.Fatalf("run with an invalidated slot: exit %d\n%s\nwant one clear refusal", code, refused.Out.String())
 	}
 	e.Exec(`SELECT pg_drop_replication_slot($1)`, e.Slot)
 	args := e.Args("--since", stoppedAt.Format(time.RFC3339), "--resume")
 	args[0] = "replay"
-	r := StartDaemon(t, args...)
+	r := e2e.StartDaemon(t, args...)
 	r.WaitLog("rows published again", 60*time.Second)
 	r.WaitLog("streaming", 60*time.Second)
-	if err := e.Write(ctx, Load{Writers: 2, Aggregates: 20, Total: 100, MaxTxn: 5}); err != nil {
+	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 100, MaxTxn: 5}); err != nil {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(2 * time.Minute)
@@ -128,9 +129,9 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	defer cancel()
 	writers := make(chan error, 2)
 	for w := range 2 {
-		go func() { writers <- e.resilientWriter(ctx, w, 2, 100) }()
+		go func() { writers <- resilientWriter(e, ctx, w, 2, 100) }()
 	}
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) > 200 })
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > 200 })
 	failedAt := time.Now().UTC().Add(-10 * time.Second)
 	primary.Stop("fast")
 	sc, err := pgx.Connect(context.Background(), standby.DSN)
@@ -146,7 +147,7 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	}
 	args := e.Args("--since", failedAt.Format(time.RFC3339), "--resume")
 	args[0] = "replay"
-	r := StartDaemon(t, args...)
+	r := e2e.StartDaemon(t, args...)
 	r.WaitLog("rows published again", 90*time.Second)
 	r.WaitLog("streaming", 60*time.Second)
 	time.Sleep(2 * time.Second)
@@ -156,7 +157,7 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 			t.Errorf("writer: %v", err)
 		}
 	}
-	e.settle()
+	e.Settle()
 	v, n := e.Delivered(2 * time.Minute)
 	t.Logf("PostgreSQL 15 failover without failover slots, replay --since --resume: %d rows: %s", n, v)
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
@@ -170,7 +171,7 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 // And --retention deletes old rows while outboxd streams.
 func TestRunRetentionDeletesRowsAndLosesNoEvent(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 3)
+	e := e2e.NewEnv(t, 3)
 	d := e.Start()
 	d.Stop()
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload, created_at)
@@ -181,15 +182,15 @@ func TestRunRetentionDeletesRowsAndLosesNoEvent(t *testing.T) {
 		t.Fatalf("prune: exit %d\n%s", code, out)
 	}
 	d = e.Start("--retention", "1s", "--retention-interval", "200ms")
-	v := Verify(t, want, Consume(t, e.Brokers, e.Topic, want, time.Minute))
+	v := e2e.Verify(t, want, e2e.Consume(t, e.Brokers, e.Topic, want, time.Minute))
 	t.Logf("500 rows deleted before outboxd read them: %s", v)
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("rows deleted before they were read: %s", v)
 	}
 	// New rows age past --retention 1s and go, while they are published.
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload) SELECT 'agg-1', $1, '{}' FROM generate_series(1, 100)`, e.Topic)
-	waitFor(t, time.Minute, func() bool { return endOffsets(e.Brokers, e.Topic) >= 600 })
-	waitFor(t, time.Minute, func() bool {
+	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= 600 })
+	e2e.WaitFor(t, time.Minute, func() bool {
 		c := e.Conn()
 		defer c.Close(context.Background())
 		var n int

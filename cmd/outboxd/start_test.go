@@ -8,10 +8,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/internal/e2e"
 )
 
 // slotExists reports whether the env's slot exists.
-func (e *Env) slotExists() bool {
+func slotExists(e *e2e.Env) bool {
 	e.T.Helper()
 	c := e.Conn()
 	defer c.Close(context.Background())
@@ -38,9 +40,9 @@ func closedPort(t *testing.T) string {
 // start checks' bound, its last line containing want.
 func expectStartFailure(t *testing.T, want string, args ...string) {
 	t.Helper()
-	d := StartDaemon(t, args...)
+	d := e2e.StartDaemon(t, args...)
 	code := d.Wait(90 * time.Second)
-	if got := lastLine(d.Out.String()); code != 1 || !strings.Contains(got, want) {
+	if got := e2e.LastLine(d.Out.String()); code != 1 || !strings.Contains(got, want) {
 		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and a line containing:\n  %s", code, got, want)
 	}
 }
@@ -52,16 +54,16 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	t.Parallel()
 	t.Run("cdc, broker unreachable: exit, and no slot created", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
 			"--slot", e.Slot, "--publication", e.Slot, "--start-timeout", "0")
-		if e.slotExists() {
+		if slotExists(e) {
 			t.Errorf("the slot was created although Kafka was unreachable")
 		}
 	})
 	t.Run("poll, database unreachable", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
 			"--pg-dsn", "postgres://postgres@"+closedPort(t)+"/outboxd?sslmode=disable",
 			"--kafka-brokers", strings.Join(e.Brokers, ","), "--start-timeout", "0")
@@ -71,23 +73,23 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	// is bounded and never silent.
 	for _, c := range []struct {
 		name, refusing, logged, last string
-		args                         func(e *Env, addr string) []string
+		args                         func(e *e2e.Env, addr string) []string
 	}{
-		{"cdc, broker refusing", "Kafka", "Kafka is not reachable yet", "Kafka: no broker of --kafka-brokers", func(e *Env, addr string) []string {
+		{"cdc, broker refusing", "Kafka", "Kafka is not reachable yet", "Kafka: no broker of --kafka-brokers", func(e *e2e.Env, addr string) []string {
 			return []string{"run", "--pg-dsn", e.DSN, "--kafka-brokers", addr, "--slot", e.Slot, "--publication", e.Slot}
 		}},
-		{"cdc, database refusing", "PostgreSQL", "PostgreSQL is not reachable yet", "connect to PostgreSQL", func(e *Env, addr string) []string {
+		{"cdc, database refusing", "PostgreSQL", "PostgreSQL is not reachable yet", "connect to PostgreSQL", func(e *e2e.Env, addr string) []string {
 			return []string{"run", "--pg-dsn", "postgres://postgres@" + addr + "/outboxd?sslmode=disable", "--kafka-brokers", strings.Join(e.Brokers, ","),
 				"--slot", e.Slot, "--publication", e.Slot}
 		}},
 	} {
 		t.Run(c.name+": tried again within --start-timeout, each attempt logged", func(t *testing.T) {
 			t.Parallel()
-			e := NewEnv(t, 1)
-			d := StartDaemon(t, append(c.args(e, closedPort(t)), "--start-timeout", "3s")...)
+			e := e2e.NewEnv(t, 1)
+			d := e2e.StartDaemon(t, append(c.args(e, closedPort(t)), "--start-timeout", "3s")...)
 			code := d.Wait(90 * time.Second)
 			out := d.Out.String()
-			if got := lastLine(out); code != 1 || !strings.Contains(got, c.last) {
+			if got := e2e.LastLine(out); code != 1 || !strings.Contains(got, c.last) {
 				t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and a line containing %q\n%s", code, got, c.last, out)
 			}
 			// About one attempt a second within 3 s: the first and at
@@ -95,20 +97,20 @@ func TestRunFailsFastAtStart(t *testing.T) {
 			if n := strings.Count(out, c.logged); n < 2 {
 				t.Errorf("%d attempts logged as %q, want ≥ 2 within --start-timeout 3s:\n%s", n, c.logged, out)
 			}
-			if e.slotExists() {
+			if slotExists(e) {
 				t.Errorf("the slot was created although %s refused", c.refusing)
 			}
 		})
 	}
 	t.Run("poll, table without published_at", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1) // outboxd migrate, not --source=poll
+		e := e2e.NewEnv(t, 1) // outboxd migrate, not --source=poll
 		expectStartFailure(t, `has no column "published_at": run "outboxd migrate --source=poll"`,
 			"run", "--source", "poll", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","))
 	})
 	t.Run("poll, unknown host", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
 			"--pg-dsn", "postgres://postgres@no-such-host.invalid:5432/x", "--kafka-brokers", strings.Join(e.Brokers, ","))
 	})
@@ -118,13 +120,13 @@ func TestRunFailsFastAtStart(t *testing.T) {
 // creating nothing, and names each failing one.
 func TestConfigCheckConnect(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	brokers := strings.Join(e.Brokers, ",")
-	d := StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", brokers, "--slot", e.Slot, "--publication", e.Slot)
+	d := e2e.StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", brokers, "--slot", e.Slot, "--publication", e.Slot)
 	if code := d.Wait(90 * time.Second); code != 0 || !strings.Contains(d.Out.String(), "outboxd run can start") {
 		t.Fatalf("a good configuration: exit %d:\n%s", code, d.Out.String())
 	}
-	d = StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.Slot,
+	d = e2e.StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.Slot,
 		"--start-timeout", "2s")
 	code := d.Wait(90 * time.Second)
 	out := d.Out.String()
@@ -150,7 +152,7 @@ func TestRunServesHealthBeforeItConnects(t *testing.T) {
 	t.Parallel()
 	t.Run("busy metrics address: exit, and no slot created", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		busy, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -158,15 +160,15 @@ func TestRunServesHealthBeforeItConnects(t *testing.T) {
 		defer busy.Close()
 		expectStartFailure(t, "--metrics-addr", "run", "--pg-dsn", e.DSN, "--kafka-brokers", strings.Join(e.Brokers, ","),
 			"--slot", e.Slot, "--publication", e.Slot, "--metrics-addr", busy.Addr().String())
-		if e.slotExists() {
+		if slotExists(e) {
 			t.Errorf("the slot was created although --metrics-addr could not be opened")
 		}
 	})
 	t.Run("healthz while Kafka is unreachable", func(t *testing.T) {
 		t.Parallel()
-		e := NewEnv(t, 1)
+		e := e2e.NewEnv(t, 1)
 		addr := closedPort(t)
-		d := StartDaemon(t, "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
+		d := e2e.StartDaemon(t, "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
 			"--slot", e.Slot, "--publication", e.Slot, "--metrics-addr", addr)
 		defer d.Kill9()
 		get := func(path string) (int, string) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/replication"
 )
@@ -20,7 +21,7 @@ import (
 // loginRole creates a role that can log in, with no grants at all unless
 // grants (SQL with %s for the role) say so, dropped at cleanup, and returns
 // a DSN that logs in as it.
-func (e *Env) loginRole(prefix string, grants ...string) string {
+func loginRole(e *e2e.Env, prefix string, grants ...string) string {
 	e.T.Helper()
 	role := testenv.UniqueName(prefix)
 	e.Exec(`CREATE ROLE ` + pgx.Identifier{role}.Sanitize() + ` LOGIN`)
@@ -52,10 +53,10 @@ func (e *Env) loginRole(prefix string, grants ...string) string {
 // and a granted role's outbox_emit events arrive, in commit order.
 func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
-	intruder := e.loginRole("nogrant")
-	app := e.loginRole("app", `GRANT EXECUTE ON FUNCTION outbox_emit(text, text, jsonb, jsonb) TO %s`)
-	d, base := e.startWithMetrics()
+	e := e2e.NewEnv(t, 1)
+	intruder := loginRole(e, "nogrant")
+	app := loginRole(e, "app", `GRANT EXECUTE ON FUNCTION outbox_emit(text, text, jsonb, jsonb) TO %s`)
+	d, base := e.StartWithMetrics()
 	d.WaitLog("streaming", 60*time.Second)
 	ctx := context.Background()
 	owner := e.Conn()
@@ -137,7 +138,7 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 	}
 	var total float64
 	for _, r := range []string{"bad_mac", "malformed", "unauthenticated_v1", "unbound_v2", "replayed", "unknown_format", "not_transactional"} {
-		total += scrape(t, base)[`outboxd_rejected_messages_total{reason="`+r+`"}`]
+		total += e2e.Scrape(t, base)[`outboxd_rejected_messages_total{reason="`+r+`"}`]
 	}
 	if total != float64(len(forged)+2) {
 		t.Errorf("outboxd_rejected_messages_total sums to %v, want %d", total, len(forged)+2)
@@ -153,17 +154,17 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 // a no-grant role cannot emit at all and the warning is gone.
 func TestMigrateRevokesEmitFromPublic(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
-	intruder := e.loginRole("nogrant")
+	e := e2e.NewEnv(t, 1)
+	intruder := loginRole(e, "nogrant")
 	status := func() string {
-		d := StartDaemon(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive")
+		d := e2e.StartDaemon(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive")
 		d.Wait(60 * time.Second)
 		return d.Out.String()
 	}
 	if out := status(); !strings.Contains(out, "warning: PUBLIC can execute pg_logical_emit_message") {
 		t.Fatalf("status before migrate: no warning about PUBLIC:\n%s", out)
 	}
-	m := StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
+	m := e2e.StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
 	if code := m.Wait(60 * time.Second); code != 0 || !strings.Contains(m.Out.String(), "PUBLIC cannot execute pg_logical_emit_message") {
 		t.Fatalf("migrate exited %d:\n%s", code, m.Out.String())
 	}
@@ -187,14 +188,14 @@ func TestMigrateRevokesEmitFromPublic(t *testing.T) {
 // are.
 func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	old, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", "006_outbox_emit.sql"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.Exec(`DROP TABLE outbox_emit_key; DELETE FROM outboxd_schema_migrations WHERE version IN ('007', '008', '009')`)
 	e.Exec(string(old))
-	d := StartDaemon(t, e.Args()...)
+	d := e2e.StartDaemon(t, e.Args()...)
 	if code := d.Wait(60 * time.Second); code == 0 || !strings.Contains(d.Out.String(), `without its MAC key`) ||
 		!strings.Contains(d.Out.String(), `run \"outboxd migrate\"`) {
 		t.Fatalf("outboxd on a pre-007 database exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.Out.String())
@@ -209,7 +210,7 @@ func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 		}
 	}
 	emit(`{"backlog": 1}`) // the slot exists: the failed run created it
-	m := StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
+	m := e2e.StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
 	if code := m.Wait(60 * time.Second); code != 0 {
 		t.Fatalf("migrate exited %d:\n%s", code, m.Out.String())
 	}
@@ -229,7 +230,7 @@ func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 // capture creates a pgoutput slot that sees what is written from now on,
 // as anyone reading WAL does (an archive, a base backup, a slot peek), and
 // returns a function giving the contents of the outboxd messages it holds.
-func (e *Env) capture() func() [][]byte {
+func capture(e *e2e.Env) func() [][]byte {
 	e.T.Helper()
 	name := testenv.UniqueName("capture")
 	e.Exec(`SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name)
@@ -271,10 +272,10 @@ func (e *Env) capture() func() [][]byte {
 // alone the replay was published a second time, under a new outbox-id.
 func TestRunReplayedMessageNotPublished(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
-	d, base := e.startWithMetrics()
+	e := e2e.NewEnv(t, 1)
+	d, base := e.StartWithMetrics()
 	d.WaitLog("streaming", 60*time.Second)
-	captured := e.capture()
+	captured := capture(e)
 	ctx := context.Background()
 	owner := e.Conn()
 	defer owner.Close(ctx)
@@ -285,7 +286,7 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 	if len(msgs) != 1 {
 		t.Fatalf("captured %q, want outbox_emit's one message", msgs)
 	}
-	ic, err := pgx.Connect(ctx, e.loginRole("nogrant"))
+	ic, err := pgx.Connect(ctx, loginRole(e, "nogrant"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +300,7 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 	if got := values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"n": 1} {"n": 2}` {
 		t.Fatalf("records %q, want each event once and no replay", got)
 	}
-	if n := scrape(t, base)[`outboxd_rejected_messages_total{reason="replayed"}`]; n != 1 {
+	if n := e2e.Scrape(t, base)[`outboxd_rejected_messages_total{reason="replayed"}`]; n != 1 {
 		t.Errorf(`outboxd_rejected_messages_total{reason="replayed"} = %v, want 1`, n)
 	}
 	if d.Exited() {
@@ -314,7 +315,7 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 // v2 content emitted again after the migration is not, and v3 events are.
 func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 	t.Parallel()
-	e := NewEnv(t, 1)
+	e := e2e.NewEnv(t, 1)
 	v2 := func(name string) string {
 		b, err := os.ReadFile(filepath.Join(testenv.RepoRoot(t), "migrations", name))
 		if err != nil {
@@ -326,12 +327,12 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 		DELETE FROM outboxd_schema_migrations WHERE version IN ('008', '009')`)
 	e.Exec(v2("006_outbox_emit.sql"))
 	e.Exec(v2("007_outbox_emit_key.sql"))
-	d := StartDaemon(t, e.Args()...)
+	d := e2e.StartDaemon(t, e.Args()...)
 	if code := d.Wait(60 * time.Second); code == 0 || !strings.Contains(d.Out.String(), `can replay`) ||
 		!strings.Contains(d.Out.String(), `run \"outboxd migrate\"`) {
 		t.Fatalf("outboxd on a database at 007 exited %d, want a halt saying to run outboxd migrate:\n%s", code, d.Out.String())
 	}
-	captured := e.capture()
+	captured := capture(e)
 	ctx := context.Background()
 	c := e.Conn()
 	defer c.Close(ctx)
@@ -346,7 +347,7 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 	if len(msgs) != 1 || !bytes.HasPrefix(msgs[0], []byte("v2:")) {
 		t.Fatalf("captured %q, want one v2 message", msgs)
 	}
-	m := StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
+	m := e2e.StartDaemon(t, "migrate", "--pg-dsn", e.DSN)
 	if code := m.Wait(60 * time.Second); code != 0 {
 		t.Fatalf("migrate exited %d:\n%s", code, m.Out.String())
 	}
@@ -376,11 +377,11 @@ func TestMigrateWarnsWhenSchemaDiffers(t *testing.T) {
 	q := u.Query()
 	q.Set("search_path", "events") // pgx sends it as a run-time parameter
 	u.RawQuery = q.Encode()
-	m := StartDaemon(t, "migrate", "--pg-dsn", u.String())
+	m := e2e.StartDaemon(t, "migrate", "--pg-dsn", u.String())
 	if code := m.Wait(60 * time.Second); code != 0 || !strings.Contains(m.Out.String(), `not --schema "public": pass --schema "events"`) {
 		t.Fatalf("migrate into schema events, --schema public: exit %d, want the warning:\n%s", code, m.Out.String())
 	}
-	m = StartDaemon(t, "migrate", "--pg-dsn", u.String(), "--schema", "events")
+	m = e2e.StartDaemon(t, "migrate", "--pg-dsn", u.String(), "--schema", "events")
 	if code := m.Wait(60 * time.Second); code != 0 || strings.Contains(m.Out.String(), "warning: outbox_emit") {
 		t.Fatalf("migrate into schema events, --schema events: exit %d, want no warning:\n%s", code, m.Out.String())
 	}
@@ -393,7 +394,7 @@ func TestEmitKeyRotate(t *testing.T) {
 	pg := testenv.Postgres(t)
 	conn := pg.Conn(t)
 	ctx := context.Background()
-	if m := StartDaemon(t, "migrate", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
+	if m := e2e.StartDaemon(t, "migrate", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
 		t.Fatalf("migrate:\n%s", m.Out.String())
 	}
 	keys := func() (key, next, previous []byte) {
@@ -404,14 +405,14 @@ func TestEmitKeyRotate(t *testing.T) {
 		return key, next, previous
 	}
 	k0, n0, _ := keys()
-	if m := StartDaemon(t, "emit-key", "rotate", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
+	if m := e2e.StartDaemon(t, "emit-key", "rotate", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
 		t.Fatalf("emit-key rotate:\n%s", m.Out.String())
 	}
 	k1, n1, p1 := keys()
 	if !bytes.Equal(k1, n0) || !bytes.Equal(p1, k0) || bytes.Equal(n1, n0) {
 		t.Fatalf("after rotate: key %x (staged was %x), previous %x (key was %x), next %x", k1, n0, p1, k0, n1)
 	}
-	if m := StartDaemon(t, "emit-key", "rotate", "--forget-old-keys", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
+	if m := e2e.StartDaemon(t, "emit-key", "rotate", "--forget-old-keys", "--pg-dsn", pg.DSN); m.Wait(60*time.Second) != 0 {
 		t.Fatalf("emit-key rotate --forget-old-keys:\n%s", m.Out.String())
 	}
 	k2, n2, p2 := keys()

@@ -1,8 +1,12 @@
-package main
-
-// The end-to-end tests run the real outboxd binary against the real
-// PostgreSQL and Kafka of the dev stack (or private servers they start), and
-// kill it for real where a crash is the point.
+// Package e2e is the harness of outboxd's end-to-end tests: it runs the
+// real outboxd binary (Daemon) against the real PostgreSQL and Kafka of the
+// dev stack or private servers the tests start (Env, one test's own
+// database, slot, publication and topic), kills it for real where a crash is
+// the point, and checks what Kafka holds against the outbox (Verify). The
+// tests that use it live in cmd/outboxd (those that also call the package's
+// own code) and in the packages under e2e/, one per theme; each calls Main
+// from its TestMain.
+package e2e
 
 import (
 	"context"
@@ -10,6 +14,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,20 +32,45 @@ import (
 	"github.com/outboxd/outboxd/migrations"
 )
 
+// BinPath is the outboxd binary under test, set by Main.
 var BinPath string
 
-func TestMain(m *testing.M) {
+// Main is the TestMain of a package of end-to-end tests. The binary under
+// test is OUTBOXD_TEST_BINARY when set (make test builds it once, with the
+// race detector, and hands it to every package, instead of each package
+// building its own), else it is built here, once for the package's tests:
+// with the race detector, unless OUTBOXD_E2E_NORACE asks for the real speed
+// of a measurement. With -short (make unit) no server is used and nothing is
+// built.
+func Main(m *testing.M) {
 	flag.Parse()
-	if testing.Short() { // make unit: no server, no binary to build
+	if testing.Short() {
 		os.Exit(m.Run())
+	}
+	code := run(m)
+	testenv.StopRegistry()
+	os.Exit(code)
+}
+
+func run(m *testing.M) int {
+	if bin := os.Getenv("OUTBOXD_TEST_BINARY"); bin != "" {
+		abs, err := filepath.Abs(bin)
+		if err == nil {
+			_, err = os.Stat(abs)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "OUTBOXD_TEST_BINARY:", err)
+			return 1
+		}
+		BinPath = abs
+		return m.Run()
 	}
 	dir, err := os.MkdirTemp("", "outboxd-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+		return 1
 	}
-	// The daemon under test is built with the race detector, unless a
-	// measurement asks for the real speed.
+	defer os.RemoveAll(dir)
 	build := testproc.Build
 	if os.Getenv("OUTBOXD_E2E_NORACE") != "" {
 		build = testproc.BuildNoRace
@@ -48,16 +78,13 @@ func TestMain(m *testing.M) {
 	bins, err := build(dir, "./cmd/outboxd")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "build outboxd:", err)
-		os.Exit(1)
+		return 1
 	}
 	BinPath = bins["outboxd"]
-	code := m.Run()
-	testenv.StopRegistry()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	return m.Run()
 }
 
-// daemon is one outboxd process, run by testproc.
+// Daemon is one outboxd process, run by testproc.
 type Daemon struct {
 	T   testing.TB
 	P   *testproc.Proc
@@ -68,11 +95,16 @@ type Daemon struct {
 	done chan struct{}
 }
 
-// startDaemon starts outboxd with args (and no OUTBOXD_* environment); it
+// StartDaemon starts outboxd with args (and no OUTBOXD_* environment); it
 // is killed at cleanup if still running.
 func StartDaemon(t testing.TB, args ...string) *Daemon {
 	t.Helper()
-	p := testproc.Start(t, BinPath, args...)
+	return NewDaemon(t, testproc.Start(t, BinPath, args...))
+}
+
+// NewDaemon watches p, an outboxd process started some other way (another
+// binary, another environment).
+func NewDaemon(t testing.TB, p *testproc.Proc) *Daemon {
 	d := &Daemon{T: t, P: p, Out: Output{p}, done: make(chan struct{})}
 	go func() {
 		<-p.Done()
@@ -82,7 +114,7 @@ func StartDaemon(t testing.TB, args ...string) *Daemon {
 	return d
 }
 
-// output is a process's output so far as a fmt.Stringer.
+// Output is a process's output so far as a fmt.Stringer.
 type Output struct{ p *testproc.Proc }
 
 func (o Output) String() string { return o.p.Output() }
@@ -97,7 +129,7 @@ func (d *Daemon) Exited() bool {
 	return true
 }
 
-// wait waits for the process to exit and returns its exit code.
+// Wait waits for the process to exit and returns its exit code.
 func (d *Daemon) Wait(timeout time.Duration) int {
 	d.T.Helper()
 	d.P.Wait(timeout)
@@ -111,7 +143,7 @@ func (d *Daemon) Kill9() {
 	d.Wait(10 * time.Second)
 }
 
-// stop sends SIGTERM and asserts a clean exit.
+// Stop sends SIGTERM and asserts a clean exit.
 func (d *Daemon) Stop() {
 	d.T.Helper()
 	_ = d.P.Signal(syscall.SIGTERM)
@@ -120,13 +152,13 @@ func (d *Daemon) Stop() {
 	}
 }
 
-// waitLog waits until the output contains s.
+// WaitLog waits until the output contains s.
 func (d *Daemon) WaitLog(s string, timeout time.Duration) {
 	d.T.Helper()
 	d.P.WaitOutput(s, timeout)
 }
 
-// peakRSS is the process's peak resident set size in bytes (-1 if unknown).
+// PeakRSS is the process's peak resident set size in bytes (-1 if unknown).
 func (d *Daemon) PeakRSS() int64 {
 	rss, err := testproc.PeakRSS(d.PID())
 	if err != nil {
@@ -182,7 +214,7 @@ func (e *Env) Exec(sql string, args ...any) {
 	}
 }
 
-// waitConfirmed waits until the slot has confirmed everything written
+// WaitConfirmed waits until the slot has confirmed everything written
 // before the call (pg_current_wal_lsn() then), polling with a deadline.
 func (e *Env) WaitConfirmed(timeout time.Duration) {
 	e.T.Helper()
@@ -223,7 +255,7 @@ func (e *Env) Start(extra ...string) *Daemon {
 	return d
 }
 
-// load writes total outbox rows from writers concurrent writers, each owning
+// Load writes total outbox rows from writers concurrent writers, each owning
 // its own aggregates (so per key, commit order is id order), in transactions
 // of 1..maxTxn rows.
 type Load struct {
@@ -287,7 +319,7 @@ func (e *Env) writer(ctx context.Context, w, n int, l Load) error {
 	return nil
 }
 
-// row is an outbox row as stored.
+// Row is an outbox row as stored.
 type Row struct {
 	Agg, Payload, Topic string
 }
@@ -315,7 +347,7 @@ func (e *Env) Rows() map[int64]Row {
 	return out
 }
 
-// consume reads topic from the oldest offset until every id in want was seen
+// Consume reads topic from the oldest offset until every id in want was seen
 // and nothing new arrived for quiet, or timeout.
 func Consume(t testing.TB, brokers []string, topic string, want map[int64]Row, timeout time.Duration) []*sarama.ConsumerMessage {
 	t.Helper()
@@ -379,7 +411,7 @@ func Header(m *sarama.ConsumerMessage, key string) string {
 	return ""
 }
 
-// ranges prints sorted ids as "a-b c-d ..." (first 20 runs).
+// Ranges prints sorted ids as "a-b c-d ..." (first 20 runs).
 func Ranges(ids []int64) string {
 	var b strings.Builder
 	runs := 0
@@ -394,7 +426,7 @@ func Ranges(ids []int64) string {
 	return b.String()
 }
 
-// delivered reads the test's topic until every outbox row arrived (or
+// Delivered reads the test's topic until every outbox row arrived (or
 // timeout) and returns the verdict and the number of rows.
 func (e *Env) Delivered(timeout time.Duration) (Verdict, int) {
 	e.T.Helper()
@@ -410,7 +442,7 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("lost=%d duplicated=%d reordered=%d corrupt=%d", v.Lost, v.Duplicated, v.Reordered, v.Corrupt)
 }
 
-// verify compares what Kafka holds with the outbox: every row present with
+// Verify compares what Kafka holds with the outbox: every row present with
 // key, value and headers byte-exact; per key, first deliveries in id order
 // (= commit order, since each key has one sequential writer).
 func Verify(t testing.TB, want map[int64]Row, got []*sarama.ConsumerMessage) Verdict {
