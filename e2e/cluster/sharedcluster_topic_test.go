@@ -1,4 +1,4 @@
-package main
+package cluster
 
 // TestSharedCluster's topic cases (sharedcluster_test.go runs them): a
 // deployment's topic deleted under load, without and with a dead-letter

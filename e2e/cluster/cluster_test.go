@@ -1,4 +1,4 @@
-package main
+package cluster
 
 // Broker faults on a replicated Kafka: one private 3-node cluster, topics of
 // 6 partitions with replication factor 3 and min.insync.replicas=2, the real

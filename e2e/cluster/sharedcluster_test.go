@@ -1,4 +1,4 @@
-package main
+package cluster
 
 // Many deployments on one replicated Kafka: one private 3-node
 // cluster, started once, its subtests one after another (three brokers and
