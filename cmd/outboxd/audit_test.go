@@ -93,7 +93,7 @@ func TestAuditAfterRunIsCleanAndRepairFillsWhatIsMissing(t *testing.T) {
 // exist.
 func TestAuditPublishFence(t *testing.T) {
 	e := e2e.NewEnv(t, 1)
-	addr := closedPort(t)
+	addr := e2e.ClosedPort(t)
 	d := e.Start("--metrics-addr", addr)
 	ctx := context.Background()
 	c := e.Conn()
@@ -167,7 +167,7 @@ func walLSN(e *e2e.Env) string {
 // clean, and a publish fence on that run answers once they are committed.
 func TestAuditExactlyOnceRunIsClean(t *testing.T) {
 	e := e2e.NewEnv(t, 3)
-	addr := closedPort(t)
+	addr := e2e.ClosedPort(t)
 	d := e.Start("--delivery", "exactly-once", "--metrics-addr", addr)
 	e.Exec(`INSERT INTO outbox (aggregate_id, topic, payload)
 		SELECT 'agg-' || (i % 5), $1, jsonb_build_object('n', i) FROM generate_series(1, 300) AS i ORDER BY i`, e.Topic)

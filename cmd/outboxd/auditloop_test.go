@@ -17,7 +17,7 @@ import (
 func TestRunContinuousAudit(t *testing.T) {
 	t.Parallel()
 	e := e2e.NewEnv(t, 1)
-	addr := closedPort(t)
+	addr := e2e.ClosedPort(t)
 	d := e.Start("--metrics-addr", addr, "--audit-interval", "500ms", "--audit-delay", "1s")
 	defer d.Stop()
 	base := "http://" + addr

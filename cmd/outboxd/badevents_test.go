@@ -54,15 +54,6 @@ func insertKind(t *testing.T, e *e2e.Env, c *pgx.Conn, kinds []badKind, i int) {
 	}
 }
 
-func values(t *testing.T, e *e2e.Env, topic string, n int) []string {
-	t.Helper()
-	var vs []string
-	for _, m := range testenv.Kafka(t).ReadAll(t, topic, n, 60*time.Second) {
-		vs = append(vs, string(m.Value))
-	}
-	return vs
-}
-
 // distinctValues reads topic until it holds n distinct values (a halt may
 // leave its last confirmation unsent, so replays may repeat records) and
 // returns them in first-seen order.
@@ -107,7 +98,7 @@ func TestRunBadEventsDeadLettered(t *testing.T) {
 	for i := range badKinds {
 		insertBad(t, e, c, i)
 	}
-	if got := strings.Join(values(t, e, e.Topic, len(badKinds)), " "); got != goodValues(len(badKinds)) {
+	if got := strings.Join(e2e.Values(t, e, e.Topic, len(badKinds)), " "); got != goodValues(len(badKinds)) {
 		t.Fatalf("main topic %s, want every good row %s", got, goodValues(len(badKinds)))
 	}
 	dead := testenv.Kafka(t).ReadAll(t, dlq, len(badKinds), 60*time.Second)
@@ -117,7 +108,7 @@ func TestRunBadEventsDeadLettered(t *testing.T) {
 		table := map[bool]string{true: "", false: "public.outbox"}[k.name == "no topic"]
 		if !strings.Contains(e2e.Header(m, "dlq-error"), k.reason) || e2e.Header(m, "dlq-source-table") != table ||
 			!regexp.MustCompile(`^[0-9A-F]+/[0-9A-F]+$`).MatchString(e2e.Header(m, "dlq-source-lsn")) || e2e.Header(m, "dlq-source-xid") == "" {
-			t.Errorf("%s: dead-letter headers %q, want the reason %q, LSN, xid and table", k.name, headerPairs(m), k.reason)
+			t.Errorf("%s: dead-letter headers %q, want the reason %q, LSN, xid and table", k.name, e2e.HeaderPairs(m), k.reason)
 		}
 		if !strings.Contains(string(m.Value), `"payload":`) {
 			t.Errorf("%s: dead-letter value %s, want the row's raw columns", k.name, m.Value)

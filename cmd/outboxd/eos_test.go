@@ -233,7 +233,7 @@ func TestRunRefusesAGapBetweenCheckpointAndSlot(t *testing.T) {
 		t.Fatalf("exit %d, output:\n%s\nwant a refusal naming the gap and --accept-gap", code, out)
 	}
 	// outboxd status shows the checkpoint next to the slot and the same gap.
-	code, out = runOnce(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive",
+	code, out = e2e.RunOnce(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive",
 		"--kafka-brokers", strings.Join(e.Brokers, ","), "--checkpoint-topic", cp)
 	if code != 1 || !strings.Contains(out, "checkpoint") || !strings.Contains(out, "ahead of outboxd's checkpoint") || !strings.Contains(out, "read in") {
 		t.Errorf("status: exit %d\n%s\nwant the checkpoint (and its read time) and the gap as a problem", code, out)

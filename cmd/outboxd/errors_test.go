@@ -14,18 +14,6 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// expectExit runs outboxd to completion and asserts exit code 1 and the
-// exact error line.
-func expectExit(t *testing.T, want string, args ...string) {
-	t.Helper()
-	d := e2e.StartDaemon(t, args...)
-	code := d.Wait(90 * time.Second)
-	got := e2e.LastLine(d.Out.String())
-	if code != 1 || got != "outboxd: "+want {
-		t.Fatalf("exit %d, last line:\n  %s\nwant exit 1 and:\n  outboxd: %s", code, got, want)
-	}
-}
-
 func TestRunPreflightErrors(t *testing.T) {
 	t.Parallel()
 	k := testenv.Kafka(t)
@@ -37,14 +25,14 @@ func TestRunPreflightErrors(t *testing.T) {
 	t.Run("table missing", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
-		expectExit(t, `outbox table public.outbox does not exist: run "outboxd migrate" or create it`,
+		e2e.ExpectExit(t, `outbox table public.outbox does not exist: run "outboxd migrate" or create it`,
 			args(pg.DSN, testenv.UniqueName("slot"))...)
 	})
 	t.Run("column missing", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
 		pg.Exec(t, `CREATE TABLE outbox (id bigserial primary key, topic text, payload jsonb)`)
-		expectExit(t, `outbox table public.outbox has no column "aggregate_id" (the key): add it (see migrations/001_outbox.sql) or map another column`,
+		e2e.ExpectExit(t, `outbox table public.outbox has no column "aggregate_id" (the key): add it (see migrations/001_outbox.sql) or map another column`,
 			args(pg.DSN, testenv.UniqueName("slot"))...)
 	})
 	t.Run("role without replication", func(t *testing.T) {
@@ -54,25 +42,25 @@ func TestRunPreflightErrors(t *testing.T) {
 		e.Exec(fmt.Sprintf(`CREATE ROLE %s LOGIN`, role))
 		t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP OWNED BY %s; DROP ROLE %s`, role, role)) })
 		dsn := strings.Replace(e.DSN, "postgres://postgres@", "postgres://"+role+"@", 1)
-		expectExit(t, fmt.Sprintf(`role %q lacks the REPLICATION attribute: ALTER ROLE %s REPLICATION (or use a role that has it)`, role, role),
+		e2e.ExpectExit(t, fmt.Sprintf(`role %q lacks the REPLICATION attribute: ALTER ROLE %s REPLICATION (or use a role that has it)`, role, role),
 			args(dsn, e.Slot)...)
 	})
 	t.Run("slot with another plugin", func(t *testing.T) {
 		t.Parallel()
 		e := e2e.NewEnv(t, 1)
 		e.Exec(`SELECT pg_create_logical_replication_slot($1, 'test_decoding')`, e.Slot)
-		expectExit(t, fmt.Sprintf(`replication slot %q uses plugin "test_decoding", outboxd needs "pgoutput": drop it with "outboxd slot drop" or choose another --slot`, e.Slot),
+		e2e.ExpectExit(t, fmt.Sprintf(`replication slot %q uses plugin "test_decoding", outboxd needs "pgoutput": drop it with "outboxd slot drop" or choose another --slot`, e.Slot),
 			args(e.DSN, e.Slot)...)
 	})
 	t.Run("slot missing with no-create", func(t *testing.T) {
 		t.Parallel()
 		e := e2e.NewEnv(t, 1)
-		expectExit(t, fmt.Sprintf(`replication slot %q and publication %q do not exist: run "outboxd slot create" or start without --no-create`, e.Slot, e.Slot),
+		e2e.ExpectExit(t, fmt.Sprintf(`replication slot %q and publication %q do not exist: run "outboxd slot create" or start without --no-create`, e.Slot, e.Slot),
 			args(e.DSN, e.Slot, "--no-create")...)
 	})
 	t.Run("no brokers", func(t *testing.T) {
 		t.Parallel()
-		expectExit(t, `invalid configuration: no Kafka brokers: set --kafka-brokers (host:port,...)`,
+		e2e.ExpectExit(t, `invalid configuration: no Kafka brokers: set --kafka-brokers (host:port,...)`,
 			"run", "--pg-dsn", "postgres://127.0.0.1:1/x")
 	})
 	t.Run("wal_level replica", func(t *testing.T) {
@@ -82,7 +70,7 @@ func TestRunPreflightErrors(t *testing.T) {
 		e.Migrate()
 		e.Exec(`ALTER SYSTEM SET wal_level = replica`)
 		ps.Restart("fast")
-		expectExit(t, `wal_level is "replica", outboxd needs "logical": set wal_level = logical in postgresql.conf and restart PostgreSQL`,
+		e2e.ExpectExit(t, `wal_level is "replica", outboxd needs "logical": set wal_level = logical in postgresql.conf and restart PostgreSQL`,
 			args(ps.DSN, e.Slot)...)
 	})
 }

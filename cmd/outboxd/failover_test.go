@@ -9,8 +9,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,46 +20,6 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 	"github.com/outboxd/outboxd/internal/testproc"
 )
-
-// pgTestVersion is the PostgreSQL major these tests run on:
-// OUTBOXD_TEST_PG_VERSION, default 17.
-func pgTestVersion() string {
-	if v := os.Getenv("OUTBOXD_TEST_PG_VERSION"); v != "" {
-		return v
-	}
-	return "17"
-}
-
-// serverEnv is newEnv on a private server: a database of its own on srv,
-// topics on the shared Kafka.
-func serverEnv(t *testing.T, srv *testenv.PGServer, partitions int32) (*e2e.Env, *testenv.KafkaEnv) {
-	t.Helper()
-	k := testenv.Kafka(t)
-	name := testenv.UniqueName(t.Name())
-	admin, err := pgx.Connect(context.Background(), srv.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(context.Background(), "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	e := &e2e.Env{T: t, DSN: withDatabase(t, srv.DSN, name), Brokers: k.Brokers,
-		Topic: k.Topic(t, "e2e", partitions), Slot: testenv.UniqueName("slot")}
-	e.Migrate()
-	return e, k
-}
-
-// withDatabase is a URL DSN with another database.
-func withDatabase(t testing.TB, dsn, db string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + db
-	return u.String()
-}
 
 // statusJSON runs outboxd status --json on the env's slot.
 func statusJSON(e *e2e.Env) statusReport {
@@ -98,13 +56,13 @@ func serverVersionNum(e *e2e.Env) int {
 // transactions (pgoutput sends Begin/Commit for every transaction there).
 func TestRunOnPostgresVersion(t *testing.T) {
 	t.Parallel()
-	version := pgTestVersion()
+	version := e2e.PGTestVersion()
 	srv := testenv.StartPostgresVersion(t, version)
 
 	t.Run("load", func(t *testing.T) {
 		t.Parallel()
 		began := time.Now()
-		e, _ := serverEnv(t, srv, 3)
+		e, _ := e2e.ServerEnv(t, srv, 3)
 		d := e.Start()
 		// The burst first, then the steady load: each key has one writer at
 		// a time, so per key, id order is commit order.
@@ -134,7 +92,7 @@ func TestRunOnPostgresVersion(t *testing.T) {
 
 	t.Run("empty transactions", func(t *testing.T) {
 		t.Parallel()
-		e, k := serverEnv(t, srv, 1)
+		e, k := e2e.ServerEnv(t, srv, 1)
 		if serverVersionNum(e) >= 150000 {
 			t.Skipf("PostgreSQL %s: pgoutput sends no empty transactions (from 15 on); run make test-pg14", version)
 		}
@@ -263,13 +221,13 @@ func emptyTransactions(e *e2e.Env, ctx context.Context, rate int) int {
 // without exiting: nothing lost, per-key order kept.
 func TestFailoverSlotTakeover(t *testing.T) {
 	t.Parallel()
-	version := pgTestVersion()
+	version := e2e.PGTestVersion()
 	if major, _ := strconv.Atoi(strings.SplitN(version, ".", 2)[0]); major < 17 {
 		t.Skipf("PostgreSQL %s has no failover slots (17+)", version)
 	}
 	primary := testenv.StartPostgresVersion(t, version)
-	e, _ := serverEnv(t, primary, 3)
-	db := strings.TrimPrefix(mustURL(t, e.DSN).Path, "/")
+	e, _ := e2e.ServerEnv(t, primary, 3)
+	db := strings.TrimPrefix(e2e.MustURL(t, e.DSN).Path, "/")
 	standby := primary.StartStandby(testenv.UniqueName("standby"))
 	e.DSN = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
 		primary.Port, standby.Port, db)
@@ -279,7 +237,7 @@ func TestFailoverSlotTakeover(t *testing.T) {
 	defer cancel()
 	writers := make(chan error, 3)
 	for w := range 3 {
-		go func() { writers <- resilientWriter(e, ctx, w, 3, 100) }()
+		go func() { writers <- e.ResilientWriter(ctx, w, 3, 100) }()
 	}
 
 	// The standby's copy of the slot is ready for a failover.
@@ -346,47 +304,4 @@ func TestFailoverSlotTakeover(t *testing.T) {
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("delivery across the failover: %s", v)
 	}
-}
-
-func mustURL(t testing.TB, dsn string) *url.URL {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u
-}
-
-// resilientWriter inserts single-row transactions at about rate per second
-// over writer w's own aggregates (w, w+writers, ...) until ctx ends, riding
-// out a failover: on an error it reconnects (e.dsn may name several hosts)
-// and writes the next row.
-func resilientWriter(e *e2e.Env, ctx context.Context, w, writers, rate int) error {
-	var c *pgx.Conn
-	defer func() {
-		if c != nil {
-			c.Close(context.Background())
-		}
-	}()
-	for seq := 0; ctx.Err() == nil; {
-		if c == nil {
-			var err error
-			if c, err = pgx.Connect(ctx, e.DSN); err != nil {
-				c = nil
-				time.Sleep(100 * time.Millisecond)
-				continue
-			}
-		}
-		agg := fmt.Sprintf("agg-%d", w+writers*(seq%17))
-		_, err := c.Exec(ctx, `INSERT INTO outbox (aggregate_id, topic, payload) VALUES ($1, $2, $3::jsonb)`,
-			agg, e.Topic, fmt.Sprintf(`{"writer": %d, "seq": %d}`, w, seq))
-		if err != nil {
-			c.Close(context.Background())
-			c = nil
-			continue
-		}
-		seq++
-		time.Sleep(time.Second / time.Duration(rate))
-	}
-	return nil
 }

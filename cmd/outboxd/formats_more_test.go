@@ -115,7 +115,7 @@ func TestRunFormats(t *testing.T) {
 	t.Run("avro from --source=poll, binary cloudevents, dead letter", func(t *testing.T) {
 		t.Parallel()
 		e := e2e.NewEnv(t, 1)
-		migrateForPoll(t, e.DSN)
+		e2e.MigrateForPoll(t, e.DSN)
 		register(t, e.Topic+"-value", sr.Schema{Schema: orderAvro})
 		dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 		d := e2e.StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--value-format", "avro", "--schema-registry-url", reg.URL,
@@ -125,11 +125,11 @@ func TestRunFormats(t *testing.T) {
 		insert(e, `{"n": 3.5, "at": 0}`)
 		m := testenv.Kafka(t).ReadAll(t, e.Topic, 1, 60*time.Second)[0]
 		if v := referenceAvro(t, cl, m.Value); v["n"] != 3 || e2e.Header(m, "ce_id") != e2e.Header(m, "outbox-id") || e2e.Header(m, "content-type") != "application/avro" {
-			t.Fatalf("value %v, headers %q", v, headerPairs(m))
+			t.Fatalf("value %v, headers %q", v, e2e.HeaderPairs(m))
 		}
 		dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 60*time.Second)[0]
 		if reason := e2e.Header(dead, "dlq-error"); !strings.Contains(reason, "does not fit the avro schema") {
-			t.Fatalf("dead-letter headers %q", headerPairs(dead))
+			t.Fatalf("dead-letter headers %q", e2e.HeaderPairs(dead))
 		}
 		d.Stop()
 	})

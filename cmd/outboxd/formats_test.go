@@ -130,7 +130,7 @@ func TestRunAvroCloudEventsBinaryDeadLettersWhatDoesNotFit(t *testing.T) {
 		ce := got.CloudEvent
 		if ce == nil || ce.Mode != format.Binary || ce.SpecVersion != "1.0" || ce.ID != e2e.Header(m, "outbox-id") || ce.Source != "/shop/orders" ||
 			ce.Type != "shop.OrderCreated" || ce.Time != "2026-12-02T09:00:00.5Z" || ce.DataContentType != "application/avro" {
-			t.Fatalf("cloudevent %+v, headers %q", ce, headerPairs(m))
+			t.Fatalf("cloudevent %+v, headers %q", ce, e2e.HeaderPairs(m))
 		}
 	}
 	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 60*time.Second)

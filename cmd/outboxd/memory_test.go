@@ -307,7 +307,7 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 	}
 	const authentic = 200_000_000
 	e := e2e.NewEnv(t, 1)
-	stranger := loginRole(e, "stranger")
+	stranger := e.LoginRole("stranger")
 	dlq := testenv.Kafka(t).Topic(t, "dlq", 1)
 	d := startNoRace(e, "--max-in-flight-bytes", strconv.FormatInt(budget, 10), "--metrics-addr", "127.0.0.1:0", "--dead-letter-topic", dlq)
 	m := e2e.MetricsAddrLog.FindStringSubmatch(d.Out.String())

@@ -157,7 +157,7 @@ func TestRunTablelessOutbox(t *testing.T) {
 	}
 	for _, h := range got[3].Headers {
 		if string(h.Key) == "traceparent" {
-			t.Errorf("event with a null traceparent: headers %q, want none named traceparent", headerPairs(got[3]))
+			t.Errorf("event with a null traceparent: headers %q, want none named traceparent", e2e.HeaderPairs(got[3]))
 		}
 	}
 	for i, m := range got {
@@ -166,7 +166,7 @@ func TestRunTablelessOutbox(t *testing.T) {
 		}
 	}
 	if h := e2e.Header(got[1], "traceparent"); h != tp || e2e.Header(got[1], "outbox-id") != fmt.Sprint(traced) {
-		t.Errorf("traced event: headers %q, want traceparent %s and outbox-id %d (its LSN)", headerPairs(got[1]), tp, traced)
+		t.Errorf("traced event: headers %q, want traceparent %s and outbox-id %d (its LSN)", e2e.HeaderPairs(got[1]), tp, traced)
 	}
 	for _, m := range []int{0, 2} {
 		id := e2e.Header(got[m], "outbox-id")
@@ -178,7 +178,7 @@ func TestRunTablelessOutbox(t *testing.T) {
 			t.Errorf("record %d: outbox-id %s is not the LSN outbox_emit returned", m, id)
 		}
 	}
-	t.Logf("record: topic %s key %s headers %q value %s", got[1].Topic, got[1].Key, headerPairs(got[1]), got[1].Value)
+	t.Logf("record: topic %s key %s headers %q value %s", got[1].Topic, got[1].Key, e2e.HeaderPairs(got[1]), got[1].Value)
 }
 
 // TestRunTablelessKill9LosesNothing: outbox_emit under load, outboxd killed

@@ -181,31 +181,23 @@ func TestRunReadyzActiveStandbyRestarting(t *testing.T) {
 	b.Stop()
 }
 
-// runOnce runs outboxd to completion and returns its exit code and output.
-func runOnce(t *testing.T, args ...string) (int, string) {
-	t.Helper()
-	d := e2e.StartDaemon(t, args...)
-	code := d.Wait(60 * time.Second)
-	return code, d.Out.String()
-}
-
 func TestStatusCommand(t *testing.T) {
 	t.Parallel()
 	e := e2e.NewEnv(t, 1)
 	common := []string{"--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot}
 
-	code, out := runOnce(t, append([]string{"status"}, common...)...)
+	code, out := e2e.RunOnce(t, append([]string{"status"}, common...)...)
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("replication slot %q does not exist", e.Slot)) {
 		t.Fatalf("status before the slot exists: exit %d\n%s", code, out)
 	}
 
 	d := e.Start()
-	code, out = runOnce(t, append([]string{"status"}, common...)...)
+	code, out = e2e.RunOnce(t, append([]string{"status"}, common...)...)
 	t.Logf("status of a running outboxd:\n%s", out)
 	if code != 0 || !strings.Contains(out, "active") || !strings.Contains(out, "yes (pid ") || !strings.Contains(out, "status") {
 		t.Fatalf("status while running: exit %d\n%s", code, out)
 	}
-	code, out = runOnce(t, append([]string{"status", "--json"}, common...)...)
+	code, out = e2e.RunOnce(t, append([]string{"status", "--json"}, common...)...)
 	var rep statusReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
 		t.Fatalf("status --json: exit %d, %v\n%s", code, err, out)
@@ -214,17 +206,17 @@ func TestStatusCommand(t *testing.T) {
 		!rep.Publication.Exists || len(rep.Publication.Tables) != 1 || rep.Slot.ConfirmedFlushLSN == "" {
 		t.Fatalf("status --json: %+v", rep)
 	}
-	code, out = runOnce(t, append([]string{"status", "--max-retained-wal-bytes", "1"}, common...)...)
+	code, out = e2e.RunOnce(t, append([]string{"status", "--max-retained-wal-bytes", "1"}, common...)...)
 	if code != 1 || !strings.Contains(out, "above --max-retained-wal-bytes 1") {
 		t.Fatalf("status with a retained-WAL limit of 1 byte: exit %d\n%s", code, out)
 	}
 
 	d.Stop()
-	code, out = runOnce(t, append([]string{"status", "--json"}, common...)...)
+	code, out = e2e.RunOnce(t, append([]string{"status", "--json"}, common...)...)
 	if code != 1 || !strings.Contains(out, "no process streams from replication slot") {
 		t.Fatalf("status with outboxd stopped: exit %d\n%s", code, out)
 	}
-	code, out = runOnce(t, append([]string{"status", "--allow-inactive"}, common...)...)
+	code, out = e2e.RunOnce(t, append([]string{"status", "--allow-inactive"}, common...)...)
 	if code != 0 {
 		t.Fatalf("status --allow-inactive with outboxd stopped: exit %d\n%s", code, out)
 	}

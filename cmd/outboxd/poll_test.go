@@ -15,7 +15,7 @@ import (
 func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	t.Parallel()
 	e := e2e.NewEnv(t, 6)
-	migrateForPoll(t, e.DSN)
+	e2e.MigrateForPoll(t, e.DSN)
 	e.Exec(`CREATE TABLE hooked (id bigint PRIMARY KEY)`)
 	d := e2e.StartDaemon(t, e.Args("--source=poll", "--poll-interval=20ms", "--poll-batch-size=200",
 		"--hook", e.Topic+"=INSERT INTO hooked (id) SELECT $2::bigint WHERE $1::text IS NOT NULL ON CONFLICT DO NOTHING")...)
@@ -47,50 +47,25 @@ func TestRunSourcePollPublishesEveryEventOnceInPerKeyOrder(t *testing.T) {
 	}
 }
 
-// migrateForPoll runs "outboxd migrate --source=poll" on a database where
-// "outboxd migrate" ran: it adds the column and the index, then, run again,
-// nothing.
-func migrateForPoll(t *testing.T, dsn string) {
-	t.Helper()
-	for _, want := range []string{
-		"migrate: created column public.outbox.published_at\nmigrate: created index public.outbox_unpublished_id_idx\n",
-		"migrate: up to date\n",
-	} {
-		d := e2e.StartDaemon(t, "migrate", "--pg-dsn", dsn, "--source=poll", "--log-level=warn")
-		code := d.Wait(60 * time.Second)
-		// migrate also says whether PUBLIC may still emit logical messages:
-		// not what this test is about.
-		var got strings.Builder
-		for _, l := range strings.SplitAfter(d.Out.String(), "\n") {
-			if !strings.Contains(l, "pg_logical_emit_message") {
-				got.WriteString(l)
-			}
-		}
-		if code != 0 || got.String() != want {
-			t.Fatalf("outboxd migrate --source=poll: exit %d, output:\n%s\nwant exit 0 and:\n%s", code, d.Out, want)
-		}
-	}
-}
-
 func TestRunSourcePollErrors(t *testing.T) {
 	t.Parallel()
 	k := testenv.Kafka(t)
 	brokers := strings.Join(k.Brokers, ",")
 	t.Run("unknown source", func(t *testing.T) {
 		t.Parallel()
-		expectExit(t, `invalid configuration: --source "wal": use cdc, messages or poll`,
+		e2e.ExpectExit(t, `invalid configuration: --source "wal": use cdc, messages or poll`,
 			"run", "--pg-dsn", "postgres://localhost/x", "--kafka-brokers", brokers, "--source", "wal")
 	})
 	t.Run("not migrated", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.Postgres(t)
 		pg.Exec(t, `CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_id text NOT NULL, topic text NOT NULL, payload jsonb NOT NULL)`)
-		expectExit(t, `outbox table public.outbox has no column "published_at": run "outboxd migrate --source=poll" (poll.Migrate adds it)`,
+		e2e.ExpectExit(t, `outbox table public.outbox has no column "published_at": run "outboxd migrate --source=poll" (poll.Migrate adds it)`,
 			"run", "--pg-dsn", pg.DSN, "--kafka-brokers", brokers, "--source", "poll")
 	})
 	t.Run("migrate unknown source", func(t *testing.T) {
 		t.Parallel()
-		expectExit(t, `invalid configuration: --source "wal": use cdc, messages or poll`,
+		e2e.ExpectExit(t, `invalid configuration: --source "wal": use cdc, messages or poll`,
 			"migrate", "--pg-dsn", "postgres://localhost/x", "--source", "wal")
 	})
 }

@@ -205,7 +205,7 @@ func rewindCaseWith(t *testing.T, kind string, rs rewindSetup, do func(srv *test
 	} else {
 		srv = testenv.StartPostgresVersion(t, rs.version)
 	}
-	e, k := serverEnv(t, srv, 3)
+	e, k := e2e.ServerEnv(t, srv, 3)
 	if rs.before != nil {
 		rs.before(e)
 	}
@@ -460,7 +460,7 @@ func promote(t *testing.T, standbyp **testenv.PGServer) func(srv *testenv.PGServ
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.DSN = withDatabase(t, standby.DSN, strings.TrimPrefix(u.Path, "/"))
+		e.DSN = e2e.WithDatabase(t, standby.DSN, strings.TrimPrefix(u.Path, "/"))
 		e.Exec(`SELECT pg_promote()`)
 		e2e.WaitFor(t, time.Minute, func() bool {
 			c := e.Conn()

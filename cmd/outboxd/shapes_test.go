@@ -15,15 +15,6 @@ import (
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
-// headerPairs lists a message's headers as key=value.
-func headerPairs(m *sarama.ConsumerMessage) []string {
-	var hs []string
-	for _, h := range m.Headers {
-		hs = append(hs, string(h.Key)+"="+string(h.Value))
-	}
-	return hs
-}
-
 // debeziumTable creates an outbox table of the Outbox Event Router's
 // documented shape and returns its name.
 func debeziumTable(e *e2e.Env) string {
@@ -89,7 +80,7 @@ func TestRunDebeziumFormat(t *testing.T) {
 
 	byID := map[string]*sarama.ConsumerMessage{}
 	for _, m := range got {
-		hs := headerPairs(m)
+		hs := e2e.HeaderPairs(m)
 		if len(hs) != 1 || !strings.HasPrefix(hs[0], "id=") {
 			t.Fatalf("%s/%d@%d: headers %q, want exactly one: id=<uuid>", m.Topic, m.Partition, m.Offset, hs)
 		}
@@ -132,7 +123,7 @@ func TestRunDebeziumFormat(t *testing.T) {
 	}
 	// One record, as documented in the closing note.
 	m := byID[want[1].id]
-	t.Logf("record: topic %s key %s headers %q value %s", m.Topic, m.Key, headerPairs(m), m.Value)
+	t.Logf("record: topic %s key %s headers %q value %s", m.Topic, m.Key, e2e.HeaderPairs(m), m.Value)
 }
 
 // TestRunHeadersColumnAndMapping checks the parts of a mapping on
@@ -158,7 +149,7 @@ func TestRunHeadersColumnAndMapping(t *testing.T) {
 		t.Fatalf("%d records, want 1", len(got))
 	}
 	m := got[0]
-	hs := headerPairs(m)
+	hs := e2e.HeaderPairs(m)
 	// jsonb keeps an object's keys sorted (shorter first), and so do the
 	// headers: tracestate before traceparent.
 	wantHs := []string{"eventKind=" + kind, "tracestate=congo=t61rcWkgMzE", "traceparent=" + tp}
@@ -187,10 +178,10 @@ func TestRunMappedColumnPreflight(t *testing.T) {
 	table := testenv.UniqueName("badshape")
 	e.Exec(fmt.Sprintf(`CREATE TABLE %q (id text PRIMARY KEY, aggregateid text, payload jsonb)`, table))
 	t.Cleanup(func() { e.Exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, table)) })
-	expectExit(t, fmt.Sprintf(`outbox column "id" of public.%s (the id) is text, outboxd reads bigint, integer, smallint, uuid there: change its type or map another column`, table),
+	e2e.ExpectExit(t, fmt.Sprintf(`outbox column "id" of public.%s (the id) is text, outboxd reads bigint, integer, smallint, uuid there: change its type or map another column`, table),
 		e.Args("--table", table, "--format", "debezium")...)
 	e.Exec(fmt.Sprintf(`ALTER TABLE %q ALTER COLUMN id TYPE uuid USING gen_random_uuid()`, table))
-	expectExit(t, fmt.Sprintf(`outbox table public.%s has no column "aggregatetype" (the topic template placeholder): add it (see migrations/001_outbox.sql) or map another column`, table),
+	e2e.ExpectExit(t, fmt.Sprintf(`outbox table public.%s has no column "aggregatetype" (the topic template placeholder): add it (see migrations/001_outbox.sql) or map another column`, table),
 		e.Args("--table", table, "--format", "debezium")...)
 }
 
@@ -316,9 +307,9 @@ func TestRunDebeziumNullPayloadIsTombstone(t *testing.T) {
 	}
 	m := got[1]
 	if m.Value != nil || string(m.Key) != `"order-1"` || e2e.Header(m, "id") != ids[1] || e2e.Header(m, "eventType") != "Deleted" {
-		t.Fatalf("NULL payload: key %s value %q headers %q, want key \"order-1\", a null value, id=%s and eventType=Deleted", m.Key, m.Value, headerPairs(m), ids[1])
+		t.Fatalf("NULL payload: key %s value %q headers %q, want key \"order-1\", a null value, id=%s and eventType=Deleted", m.Key, m.Value, e2e.HeaderPairs(m), ids[1])
 	}
 	if string(got[2].Value) != `"{\"n\": 3}"` || e2e.Header(got[2], "id") != ids[2] {
-		t.Fatalf("row after the tombstone: value %s headers %q", got[2].Value, headerPairs(got[2]))
+		t.Fatalf("row after the tombstone: value %s headers %q", got[2].Value, e2e.HeaderPairs(got[2]))
 	}
 }

@@ -61,8 +61,8 @@ func TestRunSlotDroppedRefusesThenReplayRecovers(t *testing.T) {
 // and replaying recovers every row.
 func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartPostgresVersion(t, pgTestVersion())
-	e, _ := serverEnv(t, srv, 3)
+	srv := testenv.StartPostgresVersion(t, e2e.PGTestVersion())
+	e, _ := e2e.ServerEnv(t, srv, 3)
 	d := e.Start()
 	ctx := context.Background()
 	if err := e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 20, Total: 300, MaxTxn: 5}); err != nil {
@@ -105,7 +105,7 @@ func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, n := e.Delivered(2 * time.Minute)
-	t.Logf("PostgreSQL %s, slot invalidated while stopped, replay --since --resume: %d events: %s", pgTestVersion(), n, v)
+	t.Logf("PostgreSQL %s, slot invalidated while stopped, replay --since --resume: %d events: %s", e2e.PGTestVersion(), n, v)
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 {
 		t.Fatalf("after replay: %s", v)
 	}
@@ -119,8 +119,8 @@ func TestRunInvalidatedSlotRefusesThenReplayRecovers(t *testing.T) {
 func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	t.Parallel()
 	primary := testenv.StartPostgresVersion(t, "15")
-	e, _ := serverEnv(t, primary, 3)
-	db := strings.TrimPrefix(mustURL(t, e.DSN).Path, "/")
+	e, _ := e2e.ServerEnv(t, primary, 3)
+	db := strings.TrimPrefix(e2e.MustURL(t, e.DSN).Path, "/")
 	standby := primary.StartStandby(testenv.UniqueName("standby"))
 	e.DSN = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=%s sslmode=disable target_session_attrs=read-write",
 		primary.Port, standby.Port, db)
@@ -129,7 +129,7 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	defer cancel()
 	writers := make(chan error, 2)
 	for w := range 2 {
-		go func() { writers <- resilientWriter(e, ctx, w, 2, 100) }()
+		go func() { writers <- e.ResilientWriter(ctx, w, 2, 100) }()
 	}
 	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) > 200 })
 	failedAt := time.Now().UTC().Add(-10 * time.Second)
@@ -178,7 +178,7 @@ func TestRunRetentionDeletesRowsAndLosesNoEvent(t *testing.T) {
 		SELECT 'agg-' || (g % 10), $1, jsonb_build_object('seq', g), now() - interval '2 hours'
 		FROM generate_series(1, 500) AS g ORDER BY g`, e.Topic)
 	want := e.Rows()
-	if code, out := runOnce(t, "prune", "--pg-dsn", e.DSN, "--older-than", "1h"); code != 0 || !strings.Contains(out, "deleted 500 outbox rows") {
+	if code, out := e2e.RunOnce(t, "prune", "--pg-dsn", e.DSN, "--older-than", "1h"); code != 0 || !strings.Contains(out, "deleted 500 outbox rows") {
 		t.Fatalf("prune: exit %d\n%s", code, out)
 	}
 	d = e.Start("--retention", "1s", "--retention-interval", "200ms")

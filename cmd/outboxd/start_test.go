@@ -24,18 +24,6 @@ func slotExists(e *e2e.Env) bool {
 	return n != 0
 }
 
-// closedPort is a loopback address nothing listens on.
-func closedPort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
-}
-
 // expectStartFailure runs outboxd and asserts that it exits 1 within the
 // start checks' bound, its last line containing want.
 func expectStartFailure(t *testing.T, want string, args ...string) {
@@ -55,7 +43,7 @@ func TestRunFailsFastAtStart(t *testing.T) {
 	t.Run("cdc, broker unreachable: exit, and no slot created", func(t *testing.T) {
 		t.Parallel()
 		e := e2e.NewEnv(t, 1)
-		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
+		expectStartFailure(t, "Kafka: no broker of --kafka-brokers", "run", "--pg-dsn", e.DSN, "--kafka-brokers", e2e.ClosedPort(t),
 			"--slot", e.Slot, "--publication", e.Slot, "--start-timeout", "0")
 		if slotExists(e) {
 			t.Errorf("the slot was created although Kafka was unreachable")
@@ -65,7 +53,7 @@ func TestRunFailsFastAtStart(t *testing.T) {
 		t.Parallel()
 		e := e2e.NewEnv(t, 1)
 		expectStartFailure(t, "connect to PostgreSQL", "run", "--source", "poll",
-			"--pg-dsn", "postgres://postgres@"+closedPort(t)+"/outboxd?sslmode=disable",
+			"--pg-dsn", "postgres://postgres@"+e2e.ClosedPort(t)+"/outboxd?sslmode=disable",
 			"--kafka-brokers", strings.Join(e.Brokers, ","), "--start-timeout", "0")
 	})
 	// A server that refuses is tried again within --start-timeout, each
@@ -86,7 +74,7 @@ func TestRunFailsFastAtStart(t *testing.T) {
 		t.Run(c.name+": tried again within --start-timeout, each attempt logged", func(t *testing.T) {
 			t.Parallel()
 			e := e2e.NewEnv(t, 1)
-			d := e2e.StartDaemon(t, append(c.args(e, closedPort(t)), "--start-timeout", "3s")...)
+			d := e2e.StartDaemon(t, append(c.args(e, e2e.ClosedPort(t)), "--start-timeout", "3s")...)
 			code := d.Wait(90 * time.Second)
 			out := d.Out.String()
 			if got := e2e.LastLine(out); code != 1 || !strings.Contains(got, c.last) {
@@ -126,7 +114,7 @@ func TestConfigCheckConnect(t *testing.T) {
 	if code := d.Wait(90 * time.Second); code != 0 || !strings.Contains(d.Out.String(), "outboxd run can start") {
 		t.Fatalf("a good configuration: exit %d:\n%s", code, d.Out.String())
 	}
-	d = e2e.StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t), "--table", "nosuch", "--slot", e.Slot,
+	d = e2e.StartDaemon(t, "config", "check", "--connect", "--pg-dsn", e.DSN, "--kafka-brokers", e2e.ClosedPort(t), "--table", "nosuch", "--slot", e.Slot,
 		"--start-timeout", "2s")
 	code := d.Wait(90 * time.Second)
 	out := d.Out.String()
@@ -167,8 +155,8 @@ func TestRunServesHealthBeforeItConnects(t *testing.T) {
 	t.Run("healthz while Kafka is unreachable", func(t *testing.T) {
 		t.Parallel()
 		e := e2e.NewEnv(t, 1)
-		addr := closedPort(t)
-		d := e2e.StartDaemon(t, "run", "--pg-dsn", e.DSN, "--kafka-brokers", closedPort(t),
+		addr := e2e.ClosedPort(t)
+		d := e2e.StartDaemon(t, "run", "--pg-dsn", e.DSN, "--kafka-brokers", e2e.ClosedPort(t),
 			"--slot", e.Slot, "--publication", e.Slot, "--metrics-addr", addr)
 		defer d.Kill9()
 		get := func(path string) (int, string) {

@@ -18,33 +18,6 @@ import (
 	"github.com/outboxd/outboxd/replication"
 )
 
-// loginRole creates a role that can log in, with no grants at all unless
-// grants (SQL with %s for the role) say so, dropped at cleanup, and returns
-// a DSN that logs in as it.
-func loginRole(e *e2e.Env, prefix string, grants ...string) string {
-	e.T.Helper()
-	role := testenv.UniqueName(prefix)
-	e.Exec(`CREATE ROLE ` + pgx.Identifier{role}.Sanitize() + ` LOGIN`)
-	e.T.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), e.DSN)
-		if err != nil {
-			return
-		}
-		defer c.Close(context.Background())
-		q := pgx.Identifier{role}.Sanitize()
-		_, _ = c.Exec(context.Background(), `DROP OWNED BY `+q+`; DROP ROLE `+q)
-	})
-	for _, g := range grants {
-		e.Exec(fmt.Sprintf(g, pgx.Identifier{role}.Sanitize()))
-	}
-	u, err := url.Parse(e.DSN)
-	if err != nil {
-		e.T.Fatal(err)
-	}
-	u.User = url.User(role)
-	return u.String()
-}
-
 // TestRunForgedMessagesNeitherPublishedNorHalting: a role with no grants at
 // all (PUBLIC may still execute pg_logical_emit_message, as when migrate
 // could not revoke it) emits malformed content and content shaped like
@@ -54,8 +27,8 @@ func loginRole(e *e2e.Env, prefix string, grants ...string) string {
 func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 	t.Parallel()
 	e := e2e.NewEnv(t, 1)
-	intruder := loginRole(e, "nogrant")
-	app := loginRole(e, "app", `GRANT EXECUTE ON FUNCTION outbox_emit(text, text, jsonb, jsonb) TO %s`)
+	intruder := e.LoginRole("nogrant")
+	app := e.LoginRole("app", `GRANT EXECUTE ON FUNCTION outbox_emit(text, text, jsonb, jsonb) TO %s`)
 	d, base := e.StartWithMetrics()
 	d.WaitLog("streaming", 60*time.Second)
 	ctx := context.Background()
@@ -155,7 +128,7 @@ func TestRunForgedMessagesNeitherPublishedNorHalting(t *testing.T) {
 func TestMigrateRevokesEmitFromPublic(t *testing.T) {
 	t.Parallel()
 	e := e2e.NewEnv(t, 1)
-	intruder := loginRole(e, "nogrant")
+	intruder := e.LoginRole("nogrant")
 	status := func() string {
 		d := e2e.StartDaemon(t, "status", "--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot, "--allow-inactive")
 		d.Wait(60 * time.Second)
@@ -220,7 +193,7 @@ func TestRunUpgradeFromUnsignedMessages(t *testing.T) {
 	}
 	emit(`{"signed": 2}`)
 	d = e.Start()
-	got := values(t, e, e.Topic, 2)
+	got := e2e.Values(t, e, e.Topic, 2)
 	if strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
 		t.Fatalf("records %q, want the v1 backlog and the signed event, not the v1 message after the upgrade", got)
 	}
@@ -286,7 +259,7 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 	if len(msgs) != 1 {
 		t.Fatalf("captured %q, want outbox_emit's one message", msgs)
 	}
-	ic, err := pgx.Connect(ctx, loginRole(e, "nogrant"))
+	ic, err := pgx.Connect(ctx, e.LoginRole("nogrant"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +270,7 @@ func TestRunReplayedMessageNotPublished(t *testing.T) {
 	if _, err := owner.Exec(ctx, `SELECT outbox_emit($1, 'k', '{"n": 2}')`, e.Topic); err != nil {
 		t.Fatal(err)
 	}
-	if got := values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"n": 1} {"n": 2}` {
+	if got := e2e.Values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"n": 1} {"n": 2}` {
 		t.Fatalf("records %q, want each event once and no replay", got)
 	}
 	if n := e2e.Scrape(t, base)[`outboxd_rejected_messages_total{reason="replayed"}`]; n != 1 {
@@ -356,7 +329,7 @@ func TestRunUpgradeFromReplayableMessages(t *testing.T) {
 	}
 	emit(`{"signed": 2}`)
 	d = e.Start()
-	if got := values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
+	if got := e2e.Values(t, e, e.Topic, 2); strings.Join(got, " ") != `{"backlog": 1} {"signed": 2}` {
 		t.Fatalf("records %q, want the v2 backlog and the v3 event, not the v2 message replayed after the upgrade", got)
 	}
 	d.Stop()
