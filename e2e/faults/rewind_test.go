@@ -1,4 +1,4 @@
-package main
+package faults
 
 // A database that goes back in time: outboxd refuses with one
 // message, outboxd checkpoint reset --to-current-history is the one step to
