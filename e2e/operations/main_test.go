@@ -1,6 +1,6 @@
 // Package operations holds the end-to-end tests of running outboxd: its
-// start and its error messages, outboxd audit and the audit loop, the
-// polling source.
+// start and its error messages, /metrics, /healthz, /readyz and outboxd
+// status, outboxd audit and the audit loop, the polling source.
 package operations
 
 import (

@@ -1,4 +1,4 @@
-package main
+package faults
 
 // outboxd on other PostgreSQL majors than the dev stack's (Debian's 15):
 // private servers from Maven Central's builds (testenv.StartPostgresVersion).
@@ -22,11 +22,11 @@ import (
 )
 
 // statusJSON runs outboxd status --json on the env's slot.
-func statusJSON(e *e2e.Env) statusReport {
+func statusJSON(e *e2e.Env) e2e.StatusReport {
 	e.T.Helper()
 	code, out := testproc.Run(e.T, 30*time.Second, e2e.BinPath, "status", "--json", "--allow-inactive",
 		"--pg-dsn", e.DSN, "--slot", e.Slot, "--publication", e.Slot)
-	var rep statusReport
+	var rep e2e.StatusReport
 	i, j := strings.Index(out, "{"), strings.LastIndex(out, "}")
 	if i < 0 || j < i {
 		e.T.Fatalf("outboxd status --json exited %d without a report:\n%s", code, out)

@@ -1,4 +1,4 @@
-package main
+package operations
 
 // End-to-end tests of what operators see: /metrics, /healthz, /readyz and
 // "outboxd status", against the real binary, PostgreSQL and Kafka.
@@ -198,7 +198,7 @@ func TestStatusCommand(t *testing.T) {
 		t.Fatalf("status while running: exit %d\n%s", code, out)
 	}
 	code, out = e2e.RunOnce(t, append([]string{"status", "--json"}, common...)...)
-	var rep statusReport
+	var rep e2e.StatusReport
 	if err := json.Unmarshal([]byte(out), &rep); err != nil || code != 0 {
 		t.Fatalf("status --json: exit %d, %v\n%s", code, err, out)
 	}
