@@ -44,7 +44,8 @@ var BinPath string
 // built.
 func Main(m *testing.M) {
 	flag.Parse()
-	if testing.Short() {
+	// -list runs no test: nothing to build for it either.
+	if testing.Short() || flag.Lookup("test.list").Value.String() != "" {
 		os.Exit(m.Run())
 	}
 	code := run(m)
