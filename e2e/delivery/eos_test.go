@@ -180,7 +180,7 @@ func TestRunExactlyOnceZombieIsFenced(t *testing.T) {
 	e.Exec(`SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1`, e.Slot)
 	b.WaitLog("taking over", 60*time.Second)
 	e2e.WaitFor(t, time.Minute, func() bool { return strings.Count(b.Out.String(), "streaming") >= 1 })
-	time.Sleep(2 * time.Second) // B publishes and commits
+	e.WaitPublishing(300, time.Minute) // B publishes and commits
 	_ = syscall.Kill(a.PID(), syscall.SIGCONT)
 	time.Sleep(5 * time.Second)
 	cancel()

@@ -97,7 +97,9 @@ func TestRunSurvivesKafkaOutage(t *testing.T) {
 		// ~40 s of writes: before, during and after the outage.
 		writeDone <- e.Write(ctx, e2e.Load{Writers: 2, Aggregates: 40, Total: 3000, MaxTxn: 10, Pause: 70 * time.Millisecond})
 	}()
-	time.Sleep(3 * time.Second)
+	// Kafka stops once outboxd publishes the load (100 records), not after
+	// a fixed 3 s; the 30 s outage is the scenario.
+	e.WaitPublishing(100, time.Minute)
 	ks.Stop()
 	time.Sleep(30 * time.Second)
 	if d.Exited() {

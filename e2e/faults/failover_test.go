@@ -286,7 +286,9 @@ func TestFailoverSlotTakeover(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	time.Sleep(5 * time.Second)
+	// The new primary's load through the new stream (1,500 records: the
+	// 5 s the test used to sleep, at 300 events/s) before the writers stop.
+	e.WaitPublishing(1500, 2*time.Minute)
 	cancel()
 	for range 3 {
 		if err := <-writers; err != nil {

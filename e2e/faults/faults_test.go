@@ -89,11 +89,8 @@ func TestRunRestartsWhenTheWalsenderFreezes(t *testing.T) {
 	_ = syscall.Kill(pid, syscall.SIGCONT)
 	e2e.WaitFor(t, time.Minute, func() bool { return strings.Count(d.Out.String(), "streaming") >= 2 })
 	// The new session publishes under the load (300 more records, about a
-	// second of it) before the writers stop: a sign rather than a fixed
-	// 2 s, which said nothing when the machine was slow.
-	resumed := int64(-1)
-	e2e.WaitFor(t, time.Minute, func() bool { resumed = e2e.EndOffsets(e.Brokers, e.Topic); return resumed >= 0 })
-	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= resumed+300 })
+	// second of it) before the writers stop.
+	e.WaitPublishing(300, time.Minute)
 	cancel()
 	if err := <-writes; err != nil {
 		t.Fatal(err)

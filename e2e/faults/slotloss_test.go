@@ -151,11 +151,8 @@ func TestRunFailoverWithoutFailoverSlotsThenReplay(t *testing.T) {
 	r.WaitLog("rows published again", 90*time.Second)
 	r.WaitLog("streaming", 60*time.Second)
 	// The resumed stream publishes the writers' new rows (200 more records,
-	// about a second of them) before they stop: a sign rather than a fixed
-	// 2 s.
-	resumed := int64(-1)
-	e2e.WaitFor(t, time.Minute, func() bool { resumed = e2e.EndOffsets(e.Brokers, e.Topic); return resumed >= 0 })
-	e2e.WaitFor(t, time.Minute, func() bool { return e2e.EndOffsets(e.Brokers, e.Topic) >= resumed+200 })
+	// about a second of them) before they stop.
+	e.WaitPublishing(200, time.Minute)
 	cancel()
 	for range 2 {
 		if err := <-writers; err != nil {

@@ -169,3 +169,14 @@ func (e *Env) Backlog(n int) {
 		}
 	}
 }
+
+// WaitPublishing waits, bounded by timeout, until the test's topic holds n
+// more offsets than now (records and, exactly-once, transaction markers):
+// the sign that outboxd publishes the load being written, where a fixed
+// sleep only hoped it did.
+func (e *Env) WaitPublishing(n int64, timeout time.Duration) {
+	e.T.Helper()
+	base := int64(-1)
+	WaitFor(e.T, timeout, func() bool { base = EndOffsets(e.Brokers, e.Topic); return base >= 0 })
+	WaitFor(e.T, timeout, func() bool { return EndOffsets(e.Brokers, e.Topic) >= base+n })
+}
