@@ -135,8 +135,9 @@ test-times:
 ## server from Maven Central next to the dev stack's Kafka): publish, clean
 ## stop, kill -9, stop inside a transaction, a huge transaction, standby
 ## takeover, preflight and poison errors, exactly-once kill -9, a frozen
-## walsender, idle WAL, the table-less outbox, the Debezium format. Needs the
-## dev stack (make up).
+## walsender, idle WAL, the table-less outbox, the Debezium format, from four
+## packages of e2e/ (one binary for all four: make test's, or one built
+## here). Needs the dev stack (make up).
 E2E_PG17_PKGS := ./e2e/delivery/ ./e2e/faults/ ./e2e/formats/ ./e2e/operations/
 E2E_PG17 := ^TestRun(PublishesEveryEventOnceInPerKeyOrder|CleanStopAndRestartLosesAndDuplicatesNothing|Kill9FiveTimesLosesNothing|StopInsideATransactionFinishesItFirst|PublishesOneHugeTransaction|StandbyTakesOverWhenActiveIsKilled|PreflightErrors|PoisonEvents|ExactlyOnceKill9UnderLoad|RestartsWhenTheWalsenderFreezes|IdleOutboxDoesNotPinWAL|TablelessOutbox|TablelessKill9LosesNothing|DebeziumFormat)$$
 .PHONY: e2e-pg17
@@ -147,6 +148,11 @@ e2e-pg17:
 	$(STACK) pg-init "$$dir" "$$port" --version 17; $(STACK) pg-start "$$dir"; \
 	set -a; source ./.devstack.env; set +a; \
 	export OUTBOXD_PG_DSN="postgres://postgres@127.0.0.1:$$port/postgres?sslmode=disable"; \
+	if [ -z "$${OUTBOXD_TEST_BINARY:-}" ]; then \
+		bindir=$$(mktemp -d /tmp/outboxd-pg17-bin-XXXXXX); \
+		trap '$(STACK) pg-stop "'"$$dir"'" immediate >/dev/null 2>&1 || true; rm -rf "'"$$dir"'" "'"$$bindir"'"' EXIT; \
+		$(GO) build -race -o "$$bindir/" ./cmd/outboxd; export OUTBOXD_TEST_BINARY="$$bindir/outboxd"; \
+	fi; \
 	echo "go test (PostgreSQL 17) -run '$(E2E_PG17)' $(E2E_PG17_PKGS)"; \
 	$(GO) test -race -count=1 -timeout 15m -run '$(E2E_PG17)' $(E2E_PG17_PKGS)
 
