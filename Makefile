@@ -230,7 +230,7 @@ bench: deps
 bench-memory: deps
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./cmd/outboxd/ | tee bench/results/memory.txt
+	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./e2e/memory/ | tee bench/results/memory.txt
 
 ## bench-stranger: a role with no grants emits a logical decoding message
 ## of 1,000,000,000 bytes (PostgreSQL's largest value is 1 GB - 1) with
@@ -241,7 +241,7 @@ bench-memory: deps
 bench-stranger: deps
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	OUTBOXD_BENCH_STRANGER_BYTES=1000000000 OUTBOXD_BENCH_STRANGER_BUDGET=33554432 $(GO) test -count=1 -timeout 30m -run '^TestRunOwnPrefixMessageDoesNotSizeMemory$$' -v ./cmd/outboxd/ | tee bench/results/stranger.txt
+	OUTBOXD_BENCH_STRANGER_BYTES=1000000000 OUTBOXD_BENCH_STRANGER_BUDGET=33554432 $(GO) test -count=1 -timeout 30m -run '^TestRunOwnPrefixMessageDoesNotSizeMemory$$' -v ./e2e/memory/ | tee bench/results/stranger.txt
 
 ## bench-audit: the wall time and peak RSS of outboxd audit (built without
 ## -race) over BENCH_AUDIT_EVENTS events (1,000,000 by default): rows

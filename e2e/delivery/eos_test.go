@@ -13,7 +13,7 @@ import (
 )
 
 // Exactly-once delivery, with real processes. Every consumer here
-// reads read_committed (see consume).
+// reads read_committed (see e2e.Consume).
 
 // kill -9 of outboxd, again and again, under 300 events/s: with the
 // checkpoint in the same Kafka transaction as the records, a restart skips

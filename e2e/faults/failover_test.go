@@ -127,7 +127,7 @@ func emptyTransactionFlood(t *testing.T, e *e2e.Env, k *testenv.KafkaEnv) {
 	time.Sleep(holdFor + 2*time.Second)
 	held := d.PeakRSS()
 	cancel()
-	// The held event went to its own topic; the rest is checked on e.topic.
+	// The held event went to its own topic; the rest is checked on e.Topic.
 	if got := e2e.EndOffsets(e.Brokers, slow); got != 1 {
 		t.Errorf("the held event: %d records on its topic, want 1", got)
 	}

@@ -89,7 +89,7 @@ func run(m *testing.M) int {
 type Daemon struct {
 	T   testing.TB
 	P   *testproc.Proc
-	Out Output // what it printed: d.out.String()
+	Out Output // what it printed: d.Out.String()
 	// code is the exit code, set before done is closed (so it may be read
 	// once exited or wait saw the exit).
 	Code int

@@ -1,4 +1,4 @@
-package main
+package memory
 
 // outboxd's memory is bounded by --max-in-flight-bytes, whatever
 // the events' size and however long Kafka is away. These tests run an
@@ -23,8 +23,9 @@ import (
 )
 
 // memBound is the bound of README "Memory" for a non-race outboxd run at
-// budget bytes: Go's soft memory limit that run sets (memLimit: 2 × budget
-// + 24 MiB), which everything Go allocates stays within because what is
+// budget bytes: Go's soft memory limit that run sets (2 × budget + 24 MiB,
+// read from what d logged it set: the formula is run's), which everything
+// Go allocates stays within because what is
 // live stays well below it (the budget's records, at most half a budget of
 // produce requests being encoded, ~15 MiB besides), plus the executable's
 // own pages in memory: file-backed, outside Go's limit, and at most the
@@ -34,12 +35,28 @@ import (
 // soft limit's overshoot while a collection catches up with allocation
 // (~1 MiB measured). With today's 36 MiB executable that is 2 × budget +
 // 60 MiB, within README's 2 × budget + 64 MiB.
-func memBound(t testing.TB, budget int64) int64 {
+func memBound(t testing.TB, d *e2e.Daemon) int64 {
 	fi, err := os.Stat(noRaceBinary(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return memLimit(budget) + fi.Size()
+	return memLimit(t, d) + fi.Size()
+}
+
+var memLimitLog = regexp.MustCompile(`soft memory limit set from --max-in-flight-bytes[^\n]*"limit_bytes": ([0-9]+)`)
+
+// memLimit is the soft memory limit d logged it set from its budget.
+func memLimit(t testing.TB, d *e2e.Daemon) int64 {
+	t.Helper()
+	m := memLimitLog.FindStringSubmatch(d.Out.String())
+	if m == nil {
+		t.Fatalf("outboxd logged no memory limit set from --max-in-flight-bytes:\n%s", d.P.Tail(30))
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // residentFile is the executable's pages in the process's memory now
@@ -140,9 +157,9 @@ func TestRunMemoryBoundedWhileKafkaIsAway(t *testing.T) {
 	ks.Start()
 	v, n := e.Delivered(4 * time.Minute)
 	peak := d.PeakRSS()
-	bound := memBound(t, budget)
+	bound := memBound(t, d)
 	t.Logf("%d events of %d KB, Kafka stopped %s, budget %d MiB: peak RSS %d MiB during the outage, %d MiB in all (bound %d MiB: 2 × budget + 24 MiB + the %d MiB executable, of which %d MiB resident; README's 2 × budget + 64 MiB = %d MiB); %s; restarts %v",
-		n, size/1000, time.Since(down).Round(time.Second), budget>>20, during>>20, peak>>20, bound>>20, (bound-memLimit(budget))>>20, residentFile(d)>>20, (2*budget+64<<20)>>20, v, d.Restarts())
+		n, size/1000, time.Since(down).Round(time.Second), budget>>20, during>>20, peak>>20, bound>>20, (bound-memLimit(t, d))>>20, residentFile(d)>>20, (2*budget+64<<20)>>20, v, d.Restarts())
 	if v.Lost != 0 || v.Reordered != 0 || v.Corrupt != 0 || n != rows+1 {
 		t.Fatalf("after Kafka came back: %s (%d rows)", v, n)
 	}
@@ -198,7 +215,7 @@ func TestRunMemoryBoundedLargeTransactions(t *testing.T) {
 					v, n = e.Delivered(3 * time.Minute)
 				}
 				peak := d.PeakRSS()
-				bound := memBound(t, budget)
+				bound := memBound(t, d)
 				file := residentFile(d)
 				d.Stop()
 				t.Logf("transactions of %d of %d events of %d B, %s, budget %d MiB: published in %s, peak RSS %d MiB (bound %d MiB; the executable's resident pages %d MiB); %s",
@@ -262,7 +279,7 @@ func TestRunForeignMessageDoesNotSizeMemory(t *testing.T) {
 	}
 	v, n := e.Delivered(3 * time.Minute)
 	peak := d.PeakRSS()
-	bound := memBound(t, budget)
+	bound := memBound(t, d)
 	got := e2e.Scrape(t, base)
 	t.Logf("2 foreign messages of %d MB between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB); %s; foreign messages %v, bytes %v",
 		size/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got["outboxd_foreign_messages_total"], got["outboxd_foreign_message_bytes_total"])
@@ -353,7 +370,7 @@ func TestRunOwnPrefixMessageDoesNotSizeMemory(t *testing.T) {
 	v, n := e.Delivered(5 * time.Minute)
 	dead := testenv.Kafka(t).ReadAll(t, dlq, 1, 2*time.Minute)
 	peak := d.PeakRSS()
-	bound := memBound(t, budget)
+	bound := memBound(t, d)
 	got := e2e.Scrape(t, base)
 	t.Logf("own-prefix messages of %d MB (forged) and %d MB (outbox_emit) between %d rows, budget %d MiB: peak RSS %d MiB (bound %d MiB; Kubernetes limit 256 MiB); %s; rejected bad_mac %v",
 		size/1_000_000, authentic/1_000_000, n, budget>>20, peak>>20, bound>>20, v, got[`outboxd_rejected_messages_total{reason="bad_mac"}`])
