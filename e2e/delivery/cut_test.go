@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
 	"github.com/outboxd/outboxd/internal/e2e"
 )
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
 	"github.com/outboxd/outboxd/internal/e2e"
 )
 

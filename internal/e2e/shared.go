@@ -12,6 +12,7 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
