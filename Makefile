@@ -75,54 +75,57 @@ lint:
 ## The end-to-end tests mostly wait (on servers, on faults that last), so
 ## more of them run at once than the machine has cores, and the four groups
 ## — outboxd's module, bench/'s, the PostgreSQL 17 core tests on a server of
-## their own, the 3-broker tests (e2e-clusters) — run side by side; the last
-## three print their output when done.
+## their own, the cluster tests (e2e-clusters) — run side by side; the last
+## three print their output when done. The outboxd binary they run is built
+## once, with the race detector, and handed to every package of every group
+## (OUTBOXD_TEST_BINARY), instead of one build per package.
 TEST_PARALLEL ?= 4
 test: deps lint
 	@set -uo pipefail; \
-	trap '$(STACK) down' EXIT; \
+	bindir=$$(mktemp -d /tmp/outboxd-test-bin-XXXXXX); \
+	trap '$(STACK) down; rm -rf "'"$$bindir"'"' EXIT; \
 	$(STACK) up || exit 1; \
 	set -a; source ./.devstack.env; set +a; \
 	began=$$SECONDS; \
+	echo "go build -race -o $$bindir/ ./cmd/outboxd (the binary under test: OUTBOXD_TEST_BINARY)"; \
+	$(GO) build -race -o "$$bindir/" ./cmd/outboxd || exit 1; \
+	export OUTBOXD_TEST_BINARY="$$bindir/outboxd"; \
 	echo "make e2e-clusters > .cache/test-clusters.log"; \
 	$(MAKE) --no-print-directory e2e-clusters > .cache/test-clusters.log 2>&1 & clusters=$$!; \
 	echo "go test -C bench -race -count=1 -timeout 15m ./... (TestQuickBenchmark: make bench-quick) > .cache/test-bench.log"; \
 	$(GO) test -C bench -race -count=1 -timeout 15m ./... > .cache/test-bench.log 2>&1 & bench=$$!; \
 	echo "make e2e-pg17 > .cache/test-pg17.log"; \
 	$(MAKE) --no-print-directory e2e-pg17 > .cache/test-pg17.log 2>&1 & pg17=$$!; \
-	echo "go test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m -skip '$(E2E_CLUSTERS)' ./... (timings: make test-times)"; \
+	echo "go test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m (every package but ./e2e/cluster/) (timings: make test-times)"; \
 	: > .cache/test-cpu.txt; \
 	CPUTIME_FILE=$$PWD/.cache/test-cpu.txt $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 35m \
-		-skip '$(E2E_CLUSTERS)' -json -exec $$PWD/dev/cputime ./... 2>&1 | $(GO) run ./dev/testtimes -echo -save .cache/test-times.json; \
+		-json -exec $$PWD/dev/cputime $$($(GO) list ./... | grep -vx '$(E2E_CLUSTERS_PKG)') 2>&1 | $(GO) run ./dev/testtimes -echo -save .cache/test-times.json; \
 	main=$$?; \
 	echo "outboxd's module: exit $$main after $$((SECONDS - began)) s"; \
 	$(MAKE) --no-print-directory test-times; \
 	wait $$clusters; clustersrc=$$?; cat .cache/test-clusters.log; \
-	echo "3-broker and ten-outage tests: exit $$clustersrc after $$((SECONDS - began)) s"; \
+	echo "cluster tests (./e2e/cluster/): exit $$clustersrc after $$((SECONDS - began)) s"; \
 	wait $$bench; benchrc=$$?; cat .cache/test-bench.log; \
 	echo "bench/: exit $$benchrc after $$((SECONDS - began)) s"; \
 	wait $$pg17; pg17rc=$$?; cat .cache/test-pg17.log; \
 	echo "PostgreSQL 17 core tests: exit $$pg17rc after $$((SECONDS - began)) s"; \
 	for rc in $$main $$clustersrc $$benchrc $$pg17rc; do [ "$$rc" = 0 ] || exit "$$rc"; done
 
-## e2e-clusters: cmd/outboxd's two 3-broker tests (each on a private 3-node
-## cluster: broker faults, and many deployments on one cluster) and the
-## ten-outage test, the longest of the package; make test runs them as a group of their own from its
-## start. In the package's pool of -parallel slots they started whenever Go
-## released them — it releases paused parallel tests in an order of its own
-## (the first declared, then the others last-declared first), and
-## TestClusterFaults came 85th of 88 (go test -short -v shows the order): its
-## 7 minutes could only end the package, at 17 min 43 s. The ten-outage test
-## (a private broker of its own) joins them for the same reason: released at
-## +7:22 of the main group, its 3 minutes ended the package's busy part.
-## Needs the dev stack (make up).
-E2E_CLUSTERS := ^(TestClusterFaults|TestSharedCluster|TestRunTenShortKafkaOutagesKeepPerKeyOrder)$$
+## e2e-clusters: the tests on Kafka clusters of their own (./e2e/cluster/):
+## broker faults on a private 3-node cluster, many deployments on one, ten
+## outages of a private broker. make test runs the package as a group of its
+## own from its start: its tests are the longest of the suite (7 min for the
+## broker faults), and in the pool of one package's -parallel slots, which Go
+## releases in an order of its own, they could only end up last. Its Kafka
+## servers are private; its databases (on the dev stack's PostgreSQL) are its
+## own too. Needs the dev stack (make up).
+E2E_CLUSTERS_PKG := github.com/outboxd/outboxd/e2e/cluster
 .PHONY: e2e-clusters
 e2e-clusters:
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	echo "go test (3-broker and ten-outage tests) -run '$(E2E_CLUSTERS)' ./cmd/outboxd/"; \
-	$(GO) test -race -count=1 -timeout 20m -run '$(E2E_CLUSTERS)' ./cmd/outboxd/
+	echo "go test ./e2e/cluster/"; \
+	$(GO) test -race -count=1 -timeout 20m ./e2e/cluster/
 
 ## test-times: where the last make test's time went — the slowest packages
 ## (wall and CPU) and tests, from its go test -json output
@@ -134,8 +137,10 @@ test-times:
 ## server from Maven Central next to the dev stack's Kafka): publish, clean
 ## stop, kill -9, stop inside a transaction, a huge transaction, standby
 ## takeover, preflight and poison errors, exactly-once kill -9, a frozen
-## walsender, idle WAL, the table-less outbox, the Debezium format. Needs the
-## dev stack (make up).
+## walsender, idle WAL, the table-less outbox, the Debezium format, from four
+## packages of e2e/ (one binary for all four: make test's, or one built
+## here). Needs the dev stack (make up).
+E2E_PG17_PKGS := ./e2e/delivery/ ./e2e/faults/ ./e2e/formats/ ./e2e/operations/
 E2E_PG17 := ^TestRun(PublishesEveryEventOnceInPerKeyOrder|CleanStopAndRestartLosesAndDuplicatesNothing|Kill9FiveTimesLosesNothing|StopInsideATransactionFinishesItFirst|PublishesOneHugeTransaction|StandbyTakesOverWhenActiveIsKilled|PreflightErrors|PoisonEvents|ExactlyOnceKill9UnderLoad|RestartsWhenTheWalsenderFreezes|IdleOutboxDoesNotPinWAL|TablelessOutbox|TablelessKill9LosesNothing|DebeziumFormat)$$
 .PHONY: e2e-pg17
 e2e-pg17:
@@ -145,11 +150,16 @@ e2e-pg17:
 	$(STACK) pg-init "$$dir" "$$port" --version 17; $(STACK) pg-start "$$dir"; \
 	set -a; source ./.devstack.env; set +a; \
 	export OUTBOXD_PG_DSN="postgres://postgres@127.0.0.1:$$port/postgres?sslmode=disable"; \
-	echo "go test (PostgreSQL 17) -run '$(E2E_PG17)' ./cmd/outboxd/"; \
-	$(GO) test -race -count=1 -timeout 15m -run '$(E2E_PG17)' ./cmd/outboxd/
+	if [ -z "$${OUTBOXD_TEST_BINARY:-}" ]; then \
+		bindir=$$(mktemp -d /tmp/outboxd-pg17-bin-XXXXXX); \
+		trap '$(STACK) pg-stop "'"$$dir"'" immediate >/dev/null 2>&1 || true; rm -rf "'"$$dir"'" "'"$$bindir"'"' EXIT; \
+		$(GO) build -race -o "$$bindir/" ./cmd/outboxd; export OUTBOXD_TEST_BINARY="$$bindir/outboxd"; \
+	fi; \
+	echo "go test (PostgreSQL 17) -run '$(E2E_PG17)' $(E2E_PG17_PKGS)"; \
+	$(GO) test -race -count=1 -timeout 15m -run '$(E2E_PG17)' $(E2E_PG17_PKGS)
 
 ## test-pg14 / test-pg16 / test-pg17: outboxd's PostgreSQL-version tests
-## (cmd/outboxd TestRunOnPostgresVersion, TestFailover*) on a private server of
+## (e2e/faults TestRunOnPostgresVersion, TestFailover*) on a private server of
 ## that major from Maven Central, beside the dev stack's Kafka (make test runs
 ## them on 17). On 14 they add a flood of empty transactions.
 .PHONY: test-pg14 test-pg16 test-pg17
@@ -157,7 +167,7 @@ test-pg14 test-pg16 test-pg17: deps
 	@set -euo pipefail; \
 	if [ ! -f .devstack.env ]; then trap '$(STACK) down' EXIT; fi; \
 	$(STACK) with env OUTBOXD_TEST_PG_VERSION=$(@:test-pg%=%) $(GO) test -race -count=1 -timeout 15m \
-		-run '^(TestRunOnPostgresVersion|TestFailover.*)$$' -v ./cmd/outboxd/
+		-run '^(TestRunOnPostgresVersion|TestFailover.*)$$' -v ./e2e/faults/
 
 ## ---- The demo (README.md, "The demo"): examples/demo.sh does each step on
 ## the dev stack, in a database, slot, topics and group of its own.
@@ -222,7 +232,7 @@ bench: deps
 bench-memory: deps
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./cmd/outboxd/ | tee bench/results/memory.txt
+	OUTBOXD_BENCH_MEMORY=1 $(GO) test -count=1 -timeout 60m -run 'TestMemoryTable|TestRunMemoryBoundedLargeTransactions' -v ./e2e/memory/ | tee bench/results/memory.txt
 
 ## bench-stranger: a role with no grants emits a logical decoding message
 ## of 1,000,000,000 bytes (PostgreSQL's largest value is 1 GB - 1) with
@@ -233,7 +243,7 @@ bench-memory: deps
 bench-stranger: deps
 	@set -euo pipefail; \
 	set -a; source ./.devstack.env; set +a; \
-	OUTBOXD_BENCH_STRANGER_BYTES=1000000000 OUTBOXD_BENCH_STRANGER_BUDGET=33554432 $(GO) test -count=1 -timeout 30m -run '^TestRunOwnPrefixMessageDoesNotSizeMemory$$' -v ./cmd/outboxd/ | tee bench/results/stranger.txt
+	OUTBOXD_BENCH_STRANGER_BYTES=1000000000 OUTBOXD_BENCH_STRANGER_BUDGET=33554432 $(GO) test -count=1 -timeout 30m -run '^TestRunOwnPrefixMessageDoesNotSizeMemory$$' -v ./e2e/memory/ | tee bench/results/stranger.txt
 
 ## bench-audit: the wall time and peak RSS of outboxd audit (built without
 ## -race) over BENCH_AUDIT_EVENTS events (1,000,000 by default): rows

@@ -6,12 +6,14 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/outboxd/outboxd/internal/e2e"
 )
 
 // TestCLIExitCodesAndStreams runs the real binary: help goes to stdout with
 // exit 0, a bad command line is one line on stderr with exit 2.
 func TestCLIExitCodesAndStreams(t *testing.T) {
-	if binPath == "" {
+	if e2e.BinPath == "" {
 		t.Skip("the binary is built only without -short")
 	}
 	for _, c := range []struct {
@@ -38,7 +40,7 @@ func TestCLIExitCodesAndStreams(t *testing.T) {
 		{[]string{"replay", "--pg-dsn", "postgres://u@127.0.0.1:1/x", "--kafka-brokers", "127.0.0.1:1", "--from-id", "5", "--to-id", "1", "--resume"},
 			1, "", "--to-id 1 is below --from-id 5", 1},
 	} {
-		cmd := exec.Command(binPath, c.args...)
+		cmd := exec.Command(e2e.BinPath, c.args...)
 		cmd.Env = []string{"PATH=/usr/bin:/bin"}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb

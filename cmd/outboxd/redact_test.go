@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outboxd/internal/e2e"
 	"github.com/outboxd/outboxd/internal/testenv"
 )
 
@@ -74,14 +75,14 @@ func TestRedactSettingHidesEveryFormOfASecret(t *testing.T) {
 // ExecStartPre): each form, given as a flag and as an environment variable,
 // valid or not, leaves no trace of the password on stdout or stderr.
 func TestConfigCheckPrintsNoSecret(t *testing.T) {
-	if binPath == "" {
+	if e2e.BinPath == "" {
 		t.Skip("the binary is built only without -short")
 	}
 	t.Parallel()
 	checked := 0
 	run := func(env []string, args ...string) {
 		t.Helper()
-		cmd := exec.Command(binPath, append([]string{"config", "check", "--kafka-brokers", "k:9092"}, args...)...)
+		cmd := exec.Command(e2e.BinPath, append([]string{"config", "check", "--kafka-brokers", "k:9092"}, args...)...)
 		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -109,7 +110,7 @@ func TestConfigCheckPrintsNoSecret(t *testing.T) {
 	run([]string{"OUTBOXD_SCHEMA_REGISTRY_PASSWORD=" + secretPW}, "--pg-dsn", "postgres://u@db/app")
 	t.Logf("%d forms of a secret, %d config check runs: none printed it", len(dsnForms)+len(urlForms)+2, checked)
 	var out bytes.Buffer
-	cmd := exec.Command(binPath, "config", "check", "--slot", "--pg-dsn", "postgres://u:"+secretPW+"@db/app")
+	cmd := exec.Command(e2e.BinPath, "config", "check", "--slot", "--pg-dsn", "postgres://u:"+secretPW+"@db/app")
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err == nil || !strings.Contains(out.String(), "1 unexpected argument after --pg-dsn") {
 		t.Errorf("a DSN left over after a flag without its value: %v, %s; want it named as an argument after --pg-dsn", err, out.String())
@@ -123,7 +124,7 @@ func TestConfigCheckPrintsNoSecret(t *testing.T) {
 // PostgreSQL, whose host does not resolve: every form of the DSN reaches
 // the connect error. No output of either may hold the password.
 func TestConnectingCommandsPrintNoSecret(t *testing.T) {
-	if binPath == "" {
+	if e2e.BinPath == "" {
 		t.Skip("the binary is built only without -short")
 	}
 	t.Parallel()
@@ -134,7 +135,7 @@ func TestConnectingCommandsPrintNoSecret(t *testing.T) {
 	outputs := 0
 	run := func(env []string, args ...string) {
 		t.Helper()
-		cmd := exec.Command(binPath, args...)
+		cmd := exec.Command(e2e.BinPath, args...)
 		cmd.Env = append([]string{"PATH=/usr/bin:/bin"}, env...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
