@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -62,8 +63,54 @@ func startPostgres(t testing.TB, version string) *PGServer {
 		}
 		unavailable(t, hintPrivate, "cannot create %s: %v", what, err)
 	}
-	s.Start()
+	s.startFirst()
 	return s
+}
+
+// startFirst starts a server pg-init made. Its port was free when chosen,
+// not reserved: another test's server (several end-to-end packages start
+// theirs at once) may bind it first. Then the server says so in its log,
+// and a new port is tried, twice at most.
+func (s *PGServer) startFirst() {
+	s.t.Helper()
+	for attempt := 1; ; attempt++ {
+		err := stack("pg-start", s.Dir)
+		if err == nil {
+			return
+		}
+		if attempt == 3 || !portTaken(filepath.Join(s.Dir, "postgres.log")) {
+			s.t.Fatalf("testenv: %v", err)
+		}
+		s.movePort(freePorts(s.t, 1)[0])
+	}
+}
+
+// portTaken reports whether a server's log says its port was in use.
+func portTaken(log string) bool {
+	b, _ := os.ReadFile(log)
+	return bytes.Contains(b, []byte("Address already in use"))
+}
+
+// movePort gives a server that is not running another port: a later
+// setting in postgresql.conf overrides the one pg-init wrote.
+func (s *PGServer) movePort(port int) {
+	s.t.Helper()
+	conf := filepath.Join(s.Dir, "data", "postgresql.conf")
+	f, err := os.OpenFile(conf, os.O_APPEND|os.O_WRONLY, 0)
+	if err == nil {
+		_, err = fmt.Fprintf(f, "port = %d # the first port was taken before the server bound it\n", port)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err == nil {
+		err = os.WriteFile(filepath.Join(s.Dir, "port"), []byte(strconv.Itoa(port)+"\n"), 0o644)
+	}
+	if err != nil {
+		s.t.Fatalf("testenv: move %s to port %d: %v", s.Dir, port, err)
+	}
+	s.DSN = strings.Replace(s.DSN, fmt.Sprintf(":%d/", s.Port), fmt.Sprintf(":%d/", port), 1)
+	s.Port = port
 }
 
 // Start starts the server and waits until it accepts connections.
