@@ -137,10 +137,10 @@ test-times:
 ## server from Maven Central next to the dev stack's Kafka): publish, clean
 ## stop, kill -9, stop inside a transaction, a huge transaction, standby
 ## takeover, preflight and poison errors, exactly-once kill -9, a frozen
-## walsender, idle WAL, the table-less outbox, the Debezium format, from four
-## packages of e2e/ (one binary for all four: make test's, or one built
+## walsender, idle WAL, the table-less outbox, the Debezium format, from five
+## packages of e2e/ (one binary for all five: make test's, or one built
 ## here). Needs the dev stack (make up).
-E2E_PG17_PKGS := ./e2e/delivery/ ./e2e/faults/ ./e2e/formats/ ./e2e/operations/
+E2E_PG17_PKGS := ./e2e/delivery/ ./e2e/exactlyonce/ ./e2e/faults/ ./e2e/formats/ ./e2e/operations/
 E2E_PG17 := ^TestRun(PublishesEveryEventOnceInPerKeyOrder|CleanStopAndRestartLosesAndDuplicatesNothing|Kill9FiveTimesLosesNothing|StopInsideATransactionFinishesItFirst|PublishesOneHugeTransaction|StandbyTakesOverWhenActiveIsKilled|PreflightErrors|PoisonEvents|ExactlyOnceKill9UnderLoad|RestartsWhenTheWalsenderFreezes|IdleOutboxDoesNotPinWAL|TablelessOutbox|TablelessKill9LosesNothing|DebeziumFormat)$$
 .PHONY: e2e-pg17
 e2e-pg17:
