@@ -18,24 +18,7 @@ DEBEZIUM_LIBS="$DEBEZIUM_CACHE/libs"
 
 # ensure_debezium_libs: fetch the worker's jars once into
 # .cache/debezium-VERSION/libs (a lock, a marker once complete).
-ensure_debezium_libs() {
-	[[ -f $DEBEZIUM_CACHE/complete ]] && return 0
-	ensure_java
-	mkdir -p "$DEBEZIUM_CACHE"
-	(
-		flock 9
-		[[ -f $DEBEZIUM_CACHE/complete ]] && exit 0
-		log "fetching Kafka Connect $KAFKA_VERSION and Debezium $DEBEZIUM_VERSION jars with Maven (once)"
-		rm -rf "$DEBEZIUM_LIBS" "$DEBEZIUM_LIBS.tmp"
-		mvn -q -B -Dstyle.color=never -f "$DEBEZIUM_POM" dependency:copy-dependencies \
-			-DoutputDirectory="$DEBEZIUM_LIBS.tmp" >"$DEBEZIUM_CACHE/mvn.log" 2>&1 || {
-			tail_log "$DEBEZIUM_CACHE/mvn.log"
-			die "could not fetch the Debezium jars"
-		}
-		mv "$DEBEZIUM_LIBS.tmp" "$DEBEZIUM_LIBS"
-		touch "$DEBEZIUM_CACHE/complete"
-	) 9>"$DEBEZIUM_CACHE.lock"
-}
+ensure_debezium_libs() { fetch_jars "$DEBEZIUM_POM" "$DEBEZIUM_CACHE" "Kafka Connect $KAFKA_VERSION and Debezium $DEBEZIUM_VERSION"; }
 
 cmd_debezium_deps() {
 	ensure_debezium_libs

@@ -13,24 +13,7 @@ KAFKA_LIBS="$KAFKA_CACHE/libs"
 # ensure_kafka_libs: fetch the broker's jars from Maven Central once into
 # .cache/kafka-VERSION/libs. A lock keeps parallel callers (tests) from
 # fetching twice; the folder appears only when complete.
-ensure_kafka_libs() {
-	[[ -f $KAFKA_CACHE/complete ]] && return 0
-	ensure_java
-	mkdir -p "$KAFKA_CACHE"
-	(
-		flock 9
-		[[ -f $KAFKA_CACHE/complete ]] && exit 0
-		log "fetching Kafka $KAFKA_VERSION jars with Maven (once)"
-		rm -rf "$KAFKA_LIBS" "$KAFKA_LIBS.tmp"
-		mvn -q -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
-			-DoutputDirectory="$KAFKA_LIBS.tmp" >"$KAFKA_CACHE/mvn.log" 2>&1 || {
-			tail_log "$KAFKA_CACHE/mvn.log"
-			die "could not fetch the Kafka jars"
-		}
-		mv "$KAFKA_LIBS.tmp" "$KAFKA_LIBS"
-		touch "$KAFKA_CACHE/complete"
-	) 9>"$KAFKA_CACHE.lock"
-}
+ensure_kafka_libs() { fetch_jars "$KAFKA_POM" "$KAFKA_CACHE" "Kafka $KAFKA_VERSION"; }
 
 # kafka_java DIR LOGFILE: set JAVA_CMD to the java command line that runs a
 # Kafka main class with our classpath, logging to DIR/LOGFILE. The heap
